@@ -1,0 +1,76 @@
+# Build, test and train. `make` builds every program; `make test` runs every test; `make train`
+# prepares the data if missing and trains GPT-2 124M on Tiny Shakespeare. `make -j` is safe.
+#
+# Options (make VAR=value):
+#   GPU_ARCH   compute capability without the dot (90 for H100/H200). Default: read from the local GPU
+#              with nvidia-smi; 90 (Hopper) where there is none, e.g. on CI.
+#   PRECISION  BF16 (default) or FP32: which build `make train` runs. Both builds are always made,
+#              side by side: train_gpt_bf16 / train_gpt_fp32 and test_gpt_bf16 / test_gpt_fp32.
+#   PYTHON     the Python with PyTorch, numpy and tiktoken. Default: found (or installed) by
+#              scripts/setup_python.sh on first use and remembered in build/python.
+#   GPT_MIRROR folder holding the public inputs (offline machines); see README.md.
+
+NVCC ?= nvcc
+PRECISION ?= BF16
+
+GPU_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
+ifeq ($(strip $(GPU_ARCH)),)
+  override GPU_ARCH := 90
+endif
+# Hopper's own instructions (wgmma, setmaxnreg) need the architecture-specific 90a target.
+ifeq ($(GPU_ARCH),90)
+  GENCODE := -gencode arch=compute_90a,code=sm_90a
+else
+  GENCODE := -gencode arch=compute_$(GPU_ARCH),code=[sm_$(GPU_ARCH),compute_$(GPU_ARCH)]
+endif
+
+NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -lineinfo -Xcompiler -Wall -I.
+LDLIBS := -lcublas -lcublasLt
+
+ifeq ($(PRECISION),FP32)
+  PRECISION_SUFFIX := fp32
+else ifeq ($(PRECISION),BF16)
+  PRECISION_SUFFIX := bf16
+else
+  $(error PRECISION must be FP32 or BF16, got '$(PRECISION)')
+endif
+
+HEADERS := $(wildcard *.cuh *.h)
+TRAIN_BINS := $(if $(wildcard train_gpt.cu),train_gpt_bf16 train_gpt_fp32)
+TEST_GPT_BINS := $(if $(wildcard test_gpt.cu),test_gpt_bf16 test_gpt_fp32)
+DEV_BINS := $(patsubst %.cu,%,$(wildcard dev/cuda/*.cu))
+UNIT_BINS := $(patsubst test/%.cu,build/test/%,$(wildcard test/*.cu))
+PROGRAMS := $(TRAIN_BINS) $(TEST_GPT_BINS) $(DEV_BINS) $(UNIT_BINS)
+
+.PHONY: all test train clean list-programs python
+all: $(PROGRAMS)
+
+%_bf16: %.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
+%_fp32: %.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< -o $@ $(LDLIBS)
+dev/cuda/%: dev/cuda/%.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
+build/test/%: test/%.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
+
+# The test runner checks that every program in this list was built.
+list-programs:
+	@echo $(PROGRAMS)
+
+# The Python interpreter the tests and data preparation use (see PYTHON above).
+build/python: scripts/setup_python.sh
+	@mkdir -p build
+	PYTHON="$(PYTHON)" bash scripts/setup_python.sh > $@.tmp && mv $@.tmp $@
+RUN_PYTHON = $(if $(PYTHON),$(PYTHON),$$(cat build/python))
+
+test: all build/python
+	PYTHON="$(RUN_PYTHON)" bash test/run_tests.sh
+
+train: train_gpt_$(PRECISION_SUFFIX) build/python
+	$(RUN_PYTHON) data/prepare_tinyshakespeare.py
+	./train_gpt_$(PRECISION_SUFFIX) $(TRAIN_FLAGS)
+
+clean:
+	rm -rf build $(PROGRAMS) train_gpt_bf16 train_gpt_fp32 test_gpt_bf16 test_gpt_fp32
