@@ -1,0 +1,104 @@
+// adamw.cuh: the global gradient norm and the AdamW update, each over all parameters in one launch.
+//
+//   global_norm_squared  sum of g^2 over the flat gradient buffer, into one fp32 on the device
+//   adamw_update         PyTorch's AdamW (decoupled weight decay, bias-corrected moments):
+//                        p -= lr * wd * p (decayed tensors only); m = b1 m + (1 - b1) g;
+//                        v = b2 v + (1 - b2) g^2; p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+//                        with g = grad * grad_scale (the gradient-clipping factor).
+//
+// Non-obvious choices:
+//   - The norm is a two-stage reduction with a fixed grid (kNormBlocks, independent of the GPU), so
+//     it gives the same bits every run and on every GPU model.
+//   - Mixed precision: `master` holds the fp32 weights the update applies to; the storage-type
+//     parameters are then rounded from them (round to nearest), so a model saved from `master` and
+//     reloaded gives the same storage-type parameters bit for bit. Without master weights (fp32
+//     builds) the update applies to the parameters directly.
+//   - Which tensors decay is a per-tensor flag; the kernel finds an element's tensor from a small
+//     table of tensor end offsets passed by value.
+#pragma once
+
+#include "common.cuh"
+
+constexpr int kNormBlocks = 1024, kNormThreads = 256;
+constexpr int kMaxParamTensors = 16;
+
+template <typename T> __global__ void __launch_bounds__(kNormThreads) global_norm_partials_kernel(float* partials, const T* x, size_t n) {
+    __shared__ float warp_sums[kNormThreads / 32];
+    float sum = 0.0f;
+    for (size_t i = blockIdx.x * size_t(kNormThreads) + threadIdx.x; i < n; i += size_t(kNormBlocks) * kNormThreads) {
+        const float g = to_float(x[i]);
+        sum += g * g;
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < kNormThreads / 32; w++) total += warp_sums[w];
+        partials[blockIdx.x] = total;
+    }
+}
+
+__global__ void global_norm_finalize_kernel(float* out, const float* partials) {
+    __shared__ float warp_sums[32];
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < kNormBlocks; i += 1024) sum += partials[i];
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < 32; w++) total += warp_sums[w];
+        *out = total;
+    }
+}
+
+// partials: device scratch of kNormBlocks floats; out: one device float (the squared norm).
+template <typename T> void global_norm_squared(float* out, float* partials, const T* grads, size_t n, cudaStream_t stream = 0) {
+    global_norm_partials_kernel<T><<<kNormBlocks, kNormThreads, 0, stream>>>(partials, grads, n);
+    cuda_check_launch();
+    global_norm_finalize_kernel<<<1, 1024, 0, stream>>>(out, partials);
+    cuda_check_launch();
+}
+
+// Tensor table: tensor i covers [end[i-1], end[i]) of the flat buffer; decay bit i says whether it
+// gets weight decay.
+struct ParamTable {
+    size_t end[kMaxParamTensors];
+    int count;
+    unsigned decay_mask;
+};
+
+struct AdamWHyper {
+    float lr, beta1, beta2, eps, weight_decay;
+    float beta1_correction, beta2_correction;  // 1 - beta^t
+    float grad_scale;
+};
+
+template <typename T>
+__global__ void adamw_kernel(T* params, float* master, const T* grads, float* m, float* v, size_t n, ParamTable table,
+                             AdamWHyper h) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        int tensor = 0;
+        while (tensor < table.count - 1 && i >= table.end[tensor]) tensor++;
+        const float wd = (table.decay_mask >> tensor) & 1u ? h.weight_decay : 0.0f;
+        const float g = to_float(grads[i]) * h.grad_scale;
+        float p = master ? master[i] : to_float(params[i]);
+        const float mi = h.beta1 * m[i] + (1.0f - h.beta1) * g;
+        const float vi = h.beta2 * v[i] + (1.0f - h.beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        p -= h.lr * wd * p;
+        p -= h.lr * (mi / h.beta1_correction) / (sqrtf(vi / h.beta2_correction) + h.eps);
+        if (master) master[i] = p;
+        params[i] = from_float<T>(p);
+    }
+}
+
+template <typename T>
+void adamw_update(T* params, float* master, const T* grads, float* m, float* v, size_t n, const ParamTable& table,
+                  const AdamWHyper& h, cudaStream_t stream = 0) {
+    adamw_kernel<T><<<(unsigned)std::min<size_t>((n + 255) / 256, 132 * 32), 256, 0, stream>>>(params, master, grads, m, v,
+                                                                                               n, table, h);
+    cuda_check_launch();
+}

@@ -1,0 +1,544 @@
+// layernorm.cuh: LayerNorm forward, fused residual + LayerNorm forward, and LayerNorm backward.
+//
+// What it computes, per row x of length C (fp32 statistics and reductions, whatever the storage T):
+//   forward   m = mean(x), v = mean((x - m)^2) (no bias correction), s = 1 / sqrt(v + 1e-5),
+//             y = (x - m) * s * w + b; mean and rstd are written (fp32, one per row) for the backward.
+//   residual  r = a + b is rounded to T and stored, then LayerNorm runs on the stored r, so the
+//             backward (which reads r) sees exactly the values the forward normalized.
+//   backward  from the cached mean and rstd (x is read once, never re-reduced):
+//             n = (x - m) * s, g = w * dy, dx += s * (g - mean(g) - n * mean(g * n)),
+//             dweight += sum over rows of n * dy, dbias += sum over rows of dy.
+//
+// Non-obvious choices:
+//   - dx, dweight and dbias ACCUMULATE (+=). In GPT-2 the LayerNorm input is the residual stream,
+//     whose gradient already holds the skip connection's contribution; adding in place saves a
+//     separate add kernel and a full read + write of the stream. dweight/dbias are += so that
+//     gradient accumulation over micro-steps needs no extra buffer. Zero them yourself when needed.
+//   - Deterministic: no floating-point atomics anywhere. The backward kernel runs a persistent grid
+//     of P = (SMs x resident blocks) blocks; each block gives its rows in a fixed order, keeps its
+//     dweight/dbias column sums in registers, folds its row groups in a fixed order and writes one
+//     partial row per block to the scratch buffer; one small finalize kernel sums the P partials in
+//     a fixed order and adds them into dweight/dbias. Same bits every run on the same device (P
+//     depends on the SM count, so a different GPU model may round differently).
+//   - The scratch needs no zeroing: every block overwrites its whole partial row. Its size is
+//     layernorm_backward_scratch_bytes(N, C), which queries the current device.
+//   - Two paths each. The vector path (C a multiple of 16 / sizeof(T), every pointer 16-byte
+//     aligned, C <= 16384 forward, C <= 8192 backward) keeps the row in registers:
+//     one read of x (128-bit streaming loads, all issued before the first use), a two-pass
+//     mean/variance on the registers (numerically safe for rows with a large mean), one write.
+//     A row group of 32 * WPR threads owns a row; WPR (warps per row) grows with C so that each thread
+//     holds at most 32 columns (forward) or 16 columns (backward; in bf16 each row group works on two
+//     rows at once, to keep as many bytes in flight as fp32); row groups inside a block sync
+//     with their own named barrier, so they never wait for each other. The general path (any C >= 1,
+//     any alignment, any size) uses one block per row (forward) or a persistent grid of blocks
+//     (backward) with scalar accesses and re-reads the row from L1/L2 between passes.
+
+#pragma once
+
+#include "common.cuh"
+
+namespace layernorm_detail {
+
+constexpr float kEps = 1e-5f;
+constexpr int kForwardColsPerThread = 32;  // forward: up to 32 columns of the row per thread, in registers
+constexpr int kForwardMaxWarpsPerRow = 16;  // 512 threads per row: vector forward up to C = 16384
+constexpr int kBackwardColsPerThread = 16;  // backward: 16 columns per thread (x, dy, dx, w, dw, db in registers)
+constexpr int kBackwardMaxWarpsPerRow = 16;  // 512 threads per row: vector backward up to C = 8192
+constexpr int kForwardMinBlock = 256;   // blocks hold at least this many threads (several rows when rows are short)
+constexpr int kBackwardMinBlock = 512;  // persistent backward blocks: 16 warps, at most 8 row groups (named barriers 1..8)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;  // butterfly: every lane holds the same bits
+}
+
+// Barrier for the WPR warps of one row group. With several row groups per block each group uses its
+// own named barrier (ids 1..15), so a group never waits for another group's loads.
+template <int WPR, int BLOCK> __device__ __forceinline__ void row_group_sync(int group) {
+    if constexpr (BLOCK / (32 * WPR) == 1) {
+        __syncthreads();
+    } else {
+        asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(32 * WPR) : "memory");
+    }
+}
+
+// Sum over the 32 * WPR threads of a row group. `buf` holds one float per warp of the block; callers
+// alternate between two buffers on successive reductions so one barrier per reduction suffices.
+template <int WPR, int BLOCK> __device__ __forceinline__ float row_group_sum(float v, float* buf) {
+    v = warp_sum(v);
+    if constexpr (WPR == 1) {
+        return v;
+    } else {
+        const int warp = threadIdx.x / 32, group = warp / WPR;
+        if (threadIdx.x % 32 == 0) buf[warp] = v;
+        row_group_sync<WPR, BLOCK>(group);
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WPR; w++) sum += buf[group * WPR + w];  // fixed order: deterministic
+        return sum;
+    }
+}
+
+template <int WPR, int BLOCK> __device__ __forceinline__ float2 row_group_sum2(float2 v, float2* buf) {
+    v.x = warp_sum(v.x);
+    v.y = warp_sum(v.y);
+    if constexpr (WPR == 1) {
+        return v;
+    } else {
+        const int warp = threadIdx.x / 32, group = warp / WPR;
+        if (threadIdx.x % 32 == 0) buf[warp] = v;
+        row_group_sync<WPR, BLOCK>(group);
+        float2 sum = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < WPR; w++) sum.x += buf[group * WPR + w].x, sum.y += buf[group * WPR + w].y;
+        return sum;
+    }
+}
+
+template <int WPR, int MIN = kForwardMinBlock> __host__ __device__ constexpr int block_threads() { return 32 * WPR > MIN ? 32 * WPR : MIN; }
+template <int WPR> __host__ __device__ constexpr int backward_block_threads() { return block_threads<WPR, kBackwardMinBlock>(); }
+
+// ---------------------------------------------------------------------------------------------
+// Forward, vector path: row in registers, one 128-bit streaming read of x (or of a and b), one write.
+
+template <typename T, int WPR, bool RESIDUAL>
+__global__ void __launch_bounds__(block_threads<WPR>())
+    layernorm_forward_vec_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
+                                 const T* weight, const T* bias, int N, int C) {
+    constexpr int BLOCK = block_threads<WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
+    constexpr int K = kForwardColsPerThread / VS;
+    __shared__ float buf[2][BLOCK / 32];
+    const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
+    const int row = blockIdx.x * ROWS + group;
+    const bool active = row < N;
+    const size_t offset = size_t(active ? row : N - 1) * C;  // inactive groups still reach the barriers
+    const int nvec = C / VS;
+
+    Vec128<T> xv[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = k * TPR + t;
+        if (i < nvec) {
+            if constexpr (RESIDUAL) {
+                Vec128<T> a = Vec128<T>::load_stream(inp1 + offset + size_t(i) * VS);
+                Vec128<T> b = Vec128<T>::load_stream(inp2 + offset + size_t(i) * VS);
+#pragma unroll
+                for (int j = 0; j < VS; j++) xv[k][j] = from_float<T>(to_float(a[j]) + to_float(b[j]));
+            } else {
+                xv[k] = Vec128<T>::load_stream(inp1 + offset + size_t(i) * VS);
+            }
+        }
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (k * TPR + t < nvec)
+#pragma unroll
+            for (int j = 0; j < VS; j++) sum += to_float(xv[k][j]);
+    const float m = row_group_sum<WPR, BLOCK>(sum, buf[0]) / C;
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (k * TPR + t < nvec)
+#pragma unroll
+            for (int j = 0; j < VS; j++) {
+                const float d = to_float(xv[k][j]) - m;
+                sq += d * d;
+            }
+    const float s = rsqrtf(row_group_sum<WPR, BLOCK>(sq, buf[1]) / C + kEps);
+    if (!active) return;  // no barrier after this point
+    if (t == 0) {
+        if (mean) mean[row] = m;
+        if (rstd) rstd[row] = s;
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = k * TPR + t;
+        if (i < nvec) {
+            if constexpr (RESIDUAL) xv[k].store(residual + offset + size_t(i) * VS);
+            const Vec128<T> w = Vec128<T>::load(weight + size_t(i) * VS);
+            const Vec128<T> b = Vec128<T>::load(bias + size_t(i) * VS);
+            Vec128<T> y;
+#pragma unroll
+            for (int j = 0; j < VS; j++)
+                y[j] = from_float<T>((to_float(xv[k][j]) - m) * s * to_float(w[j]) + to_float(b[j]));
+            y.store(out + offset + size_t(i) * VS);
+        }
+    }
+}
+
+// Forward, general path: one block of 256 threads per row, scalar accesses, three passes over the row
+// (the second and third hit L1/L2). Any C >= 1, any alignment.
+template <typename T, bool RESIDUAL>
+__global__ void __launch_bounds__(256)
+    layernorm_forward_general_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
+                                     const T* weight, const T* bias, int N, int C) {
+    __shared__ float buf[2][8];
+    const int row = blockIdx.x;
+    const size_t offset = size_t(row) * C;
+    // With RESIDUAL, x is the rounded sum this same thread stored in pass 1 (same thread, same
+    // addresses: program order makes the stores visible to its own later loads).
+    const T* x = RESIDUAL ? residual + offset : inp1 + offset;
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < C; c += 256) {
+        if constexpr (RESIDUAL) {
+            const T r = from_float<T>(to_float(inp1[offset + c]) + to_float(inp2[offset + c]));
+            residual[offset + c] = r;
+            sum += to_float(r);
+        } else {
+            sum += to_float(x[c]);
+        }
+    }
+    const float m = row_group_sum<8, 256>(sum, buf[0]) / C;
+    float sq = 0.0f;
+    for (int c = threadIdx.x; c < C; c += 256) {
+        const float d = to_float(x[c]) - m;
+        sq += d * d;
+    }
+    const float s = rsqrtf(row_group_sum<8, 256>(sq, buf[1]) / C + kEps);
+    if (threadIdx.x == 0) {
+        if (mean) mean[row] = m;
+        if (rstd) rstd[row] = s;
+    }
+    for (int c = threadIdx.x; c < C; c += 256)
+        out[offset + c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, vector path: persistent grid; each row group takes rows group, group + ROWS, ... (RIF of
+// them at once, see backward_rows_in_flight), then skips ahead by P * ROWS * RIF;
+// a thread owns the same 16 columns for every row, so its weights and dweight/dbias sums stay in
+// registers. At the end the block's row groups fold their sums in smem in a fixed order and the
+// block writes one partial row (dweight sums in [0, C), dbias sums in [C, 2C)) to the scratch.
+
+// Rows a row group works on at once (loads of all of them in flight together). bf16 holds half the
+// bytes per column, so a thread's 16 columns are only 32 bytes per array: two rows at once give it as
+// many bytes in flight as fp32 has with one, for the same registers.
+template <typename T> __host__ __device__ constexpr int backward_rows_in_flight() { return sizeof(T) == 2 ? 2 : 1; }
+
+template <typename T, int WPR>
+__global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
+    layernorm_backward_vec_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
+                                  const float* mean, const float* rstd, int N, int C) {
+    constexpr int BLOCK = backward_block_threads<WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
+    constexpr int K = kBackwardColsPerThread / VS, RIF = backward_rows_in_flight<T>();
+    __shared__ float2 buf[2][RIF][BLOCK / 32];
+    extern __shared__ float fold[];  // [2 * C], only when ROWS > 1
+    const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
+    const int nvec = C / VS;
+
+    float w[K][VS], dw[K][VS], db[K][VS];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = k * TPR + t;
+        Vec128<T> wv;
+        if (i < nvec) wv = Vec128<T>::load(weight + size_t(i) * VS);
+#pragma unroll
+        for (int j = 0; j < VS; j++) {
+            w[k][j] = i < nvec ? to_float(wv[j]) : 0.0f;
+            dw[k][j] = db[k][j] = 0.0f;
+        }
+    }
+
+    int parity = 0;
+    for (int base = blockIdx.x * ROWS * RIF; base < N; base += gridDim.x * ROWS * RIF, parity ^= 1) {
+        // RIF rows per row group per iteration: all their loads are issued before the first use.
+        int rowc[RIF];
+        bool active[RIF];
+        Vec128<T> xv[RIF][K], dyv[RIF][K], dxv[RIF][K];
+#pragma unroll
+        for (int q = 0; q < RIF; q++) {
+            const int row = base + q * ROWS + group;
+            active[q] = row < N;
+            rowc[q] = active[q] ? row : N - 1;
+            const size_t offset = size_t(rowc[q]) * C;
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                const int i = k * TPR + t;
+                if (i < nvec) {
+                    xv[q][k] = Vec128<T>::load_stream(inp + offset + size_t(i) * VS);
+                    dyv[q][k] = Vec128<T>::load_stream(dout + offset + size_t(i) * VS);
+                    dxv[q][k] = Vec128<T>::load_stream(dinp + offset + size_t(i) * VS);
+                }
+            }
+        }
+        float m[RIF], s[RIF];
+        float2 sums[RIF];
+#pragma unroll
+        for (int q = 0; q < RIF; q++) {
+            m[q] = mean[rowc[q]], s[q] = rstd[rowc[q]];
+            sums[q] = make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                if (k * TPR + t < nvec) {
+#pragma unroll
+                    for (int j = 0; j < VS; j++) {
+                        const float n = (to_float(xv[q][k][j]) - m[q]) * s[q], dy = to_float(dyv[q][k][j]), g = w[k][j] * dy;
+                        sums[q].x += g;
+                        sums[q].y += g * n;
+                        if (active[q]) {  // rows in a fixed order: deterministic
+                            dw[k][j] += n * dy;
+                            db[k][j] += dy;
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < RIF; q++) sums[q] = row_group_sum2<WPR, BLOCK>(sums[q], buf[parity][q]);
+#pragma unroll
+        for (int q = 0; q < RIF; q++) {
+            if (!active[q]) continue;
+            const float mean_g = sums[q].x / C, mean_gn = sums[q].y / C;
+            const size_t offset = size_t(rowc[q]) * C;
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                const int i = k * TPR + t;
+                if (i < nvec) {
+                    Vec128<T> dx;
+#pragma unroll
+                    for (int j = 0; j < VS; j++) {
+                        const float n = (to_float(xv[q][k][j]) - m[q]) * s[q], g = w[k][j] * to_float(dyv[q][k][j]);
+                        dx[j] = from_float<T>(to_float(dxv[q][k][j]) + s[q] * (g - mean_g - n * mean_gn));
+                    }
+                    dx.store(dinp + offset + size_t(i) * VS);
+                }
+            }
+        }
+    }
+
+    float* out = partials + size_t(blockIdx.x) * 2 * C;
+    if constexpr (ROWS == 1) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int i = k * TPR + t;
+            if (i < nvec)
+#pragma unroll
+                for (int j = 0; j < VS; j++) out[i * VS + j] = dw[k][j], out[C + i * VS + j] = db[k][j];
+        }
+    } else {
+        for (int r = 0; r < ROWS; r++) {  // fixed order over row groups: deterministic
+            if (group == r) {
+#pragma unroll
+                for (int k = 0; k < K; k++) {
+                    const int i = k * TPR + t;
+                    if (i < nvec)
+#pragma unroll
+                        for (int j = 0; j < VS; j++) {
+                            const int c = i * VS + j;
+                            fold[c] = r == 0 ? dw[k][j] : fold[c] + dw[k][j];
+                            fold[C + c] = r == 0 ? db[k][j] : fold[C + c] + db[k][j];
+                        }
+                }
+            }
+            __syncthreads();
+        }
+        for (int c = threadIdx.x; c < 2 * C; c += BLOCK) out[c] = fold[c];
+    }
+}
+
+// Backward, general path: persistent grid of blocks of 256 threads, one row at a time per block,
+// scalar accesses; the block's dweight/dbias sums live in its own partial row of the scratch (each
+// column owned by one thread, so plain read-modify-write, no atomics).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    layernorm_backward_general_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
+                                      const float* mean, const float* rstd, int N, int C) {
+    __shared__ float2 buf[2][8];
+    float* pw = partials + size_t(blockIdx.x) * 2 * C;
+    float* pb = pw + C;
+    for (int c = threadIdx.x; c < C; c += 256) pw[c] = pb[c] = 0.0f;
+    int parity = 0;
+    for (int row = blockIdx.x; row < N; row += gridDim.x, parity ^= 1) {
+        const size_t offset = size_t(row) * C;
+        const float m = mean[row], s = rstd[row];
+        float2 sums = make_float2(0.0f, 0.0f);
+        for (int c = threadIdx.x; c < C; c += 256) {
+            const float n = (to_float(inp[offset + c]) - m) * s, g = to_float(weight[c]) * to_float(dout[offset + c]);
+            sums.x += g;
+            sums.y += g * n;
+        }
+        sums = row_group_sum2<8, 256>(sums, buf[parity]);
+        const float mean_g = sums.x / C, mean_gn = sums.y / C;
+        for (int c = threadIdx.x; c < C; c += 256) {
+            const float n = (to_float(inp[offset + c]) - m) * s, dy = to_float(dout[offset + c]);
+            const float g = to_float(weight[c]) * dy;
+            dinp[offset + c] = from_float<T>(to_float(dinp[offset + c]) + s * (g - mean_g - n * mean_gn));
+            pw[c] += n * dy;
+            pb[c] += dy;
+        }
+    }
+}
+
+// Sums the P partial rows in a fixed order and adds them into dweight / dbias. Block: 32 columns x 32
+// slices of the partials; each slice sums P / 32 partials, then slice sums are added in slice order.
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    layernorm_backward_finalize_kernel(T* dweight, T* dbias, const float* partials, int P, int C) {
+    __shared__ float sw[32][33], sb[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    float w = 0.0f, b = 0.0f;
+    if (c < C) {
+#pragma unroll 8
+        for (int p = threadIdx.y; p < P; p += 32) {
+            w += partials[size_t(p) * 2 * C + c];
+            b += partials[size_t(p) * 2 * C + C + c];
+        }
+    }
+    sw[threadIdx.y][threadIdx.x] = w;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        w = b = 0.0f;
+        for (int y = 0; y < 32; y++) w += sw[y][threadIdx.x], b += sb[y][threadIdx.x];
+        dweight[c] = from_float<T>(to_float(dweight[c]) + w);
+        dbias[c] = from_float<T>(to_float(dbias[c]) + b);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: path and shape choice.
+
+inline int device_sm_count() {
+    int device = 0, sms = 0;
+    cuda_check(cudaGetDevice(&device));
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+}
+
+template <typename T> inline bool vector_ok(int C, std::initializer_list<const void*> ptrs) {
+    if (C % Vec128<T>::size != 0) return false;
+    for (const void* p : ptrs)
+        if (p && !is_aligned16(p)) return false;
+    return true;
+}
+
+// Warps per row for the forward vector path: the fewest (fewer barriers, more rows per block) that
+// hold the row in at most kForwardColsPerThread columns per thread; 0 when the row is too long.
+template <typename T> inline int forward_warps_per_row(int C) {
+    for (int wpr = 1; wpr <= kForwardMaxWarpsPerRow; wpr *= 2)
+        if (C <= kForwardColsPerThread * 32 * wpr) return wpr;
+    return 0;
+}
+
+template <typename T> inline int backward_warps_per_row(int C) {
+    for (int wpr = 1; wpr <= kBackwardMaxWarpsPerRow; wpr *= 2)
+        if (C <= kBackwardColsPerThread * 32 * wpr) return wpr;
+    return 0;
+}
+
+// wpr_override: 0 = automatic; the lab passes other values to tune the choice.
+template <typename T, bool RESIDUAL>
+void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2, const T* weight,
+                    const T* bias, int N, int C, cudaStream_t stream, int wpr_override = 0) {
+    if (N <= 0 || C <= 0) return;
+    int wpr = forward_warps_per_row<T>(C);
+    if (wpr_override && wpr && wpr_override >= wpr && wpr_override <= kForwardMaxWarpsPerRow) wpr = wpr_override;
+    if (wpr && vector_ok<T>(C, {residual, out, inp1, inp2, weight, bias})) {
+#define LN_FWD(W)                                                                                              \
+    case W:                                                                                                    \
+        layernorm_forward_vec_kernel<T, W, RESIDUAL>                                                          \
+            <<<(N + block_threads<W>() / (32 * W) - 1) / (block_threads<W>() / (32 * W)), block_threads<W>(), 0, \
+               stream>>>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);                          \
+        break;
+        switch (wpr) {
+            LN_FWD(1) LN_FWD(2) LN_FWD(4) LN_FWD(8) LN_FWD(16)
+            default: fail("layernorm_forward: bad warps per row %d", wpr);
+        }
+#undef LN_FWD
+    } else {
+        layernorm_forward_general_kernel<T, RESIDUAL>
+            <<<N, 256, 0, stream>>>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
+    }
+    cuda_check_launch();
+}
+
+// Grid of the backward vector kernel: every block resident at once (persistent), so the partial
+// count P is small and the finalize cheap.
+template <typename T, int WPR> inline int backward_vec_grid(int N, int C) {
+    constexpr int BLOCK = backward_block_threads<WPR>(), ROWS = BLOCK / (32 * WPR);
+    const size_t smem = ROWS > 1 ? size_t(2) * C * sizeof(float) : 0;
+    int per_sm = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layernorm_backward_vec_kernel<T, WPR>, BLOCK, smem));
+    const int groups = (N + ROWS * backward_rows_in_flight<T>() - 1) / (ROWS * backward_rows_in_flight<T>());
+    return std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count()));
+}
+
+template <typename T> inline int backward_vec_grid_any(int N, int C, int wpr) {
+    switch (wpr) {
+        case 1: return backward_vec_grid<T, 1>(N, C);
+        case 2: return backward_vec_grid<T, 2>(N, C);
+        case 4: return backward_vec_grid<T, 4>(N, C);
+        case 8: return backward_vec_grid<T, 8>(N, C);
+        case 16: return backward_vec_grid<T, 16>(N, C);
+    }
+    fail("layernorm_backward: bad warps per row %d", wpr);
+}
+
+// General backward grid: two blocks per SM, fewer when rows are so long that the partials would
+// pass 64 MiB.
+inline int backward_general_grid(int N, int C) {
+    const size_t cap = (size_t(64) << 20) / (size_t(2) * C * sizeof(float));
+    return (int)std::max<size_t>(1, std::min<size_t>({size_t(N), size_t(2) * device_sm_count(), cap}));
+}
+
+}  // namespace layernorm_detail
+
+// ---------------------------------------------------------------------------------------------
+// Public API. All launches go to `stream`; nothing synchronizes.
+
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
+                       cudaStream_t stream = 0) {
+    layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, stream);
+}
+
+// residual = inp1 + inp2 (rounded to T), out = LayerNorm(residual), in one pass.
+template <typename T>
+void fused_residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
+                                      const T* weight, const T* bias, int N, int C, cudaStream_t stream = 0) {
+    layernorm_detail::forward_launch<T, true>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, stream);
+}
+
+// Bytes of scratch layernorm_backward needs for these shapes on the current device (the larger of the
+// two paths' needs, since the path also depends on pointer alignment). Caller allocates; no zeroing.
+inline size_t layernorm_backward_scratch_bytes(int N, int C) {
+    using namespace layernorm_detail;
+    if (N <= 0 || C <= 0) return 0;
+    int partials = backward_general_grid(N, C);
+    for (int wpr : {backward_warps_per_row<float>(C), backward_warps_per_row<__nv_bfloat16>(C)})
+        if (wpr) {
+            partials = std::max(partials, backward_vec_grid_any<float>(N, C, wpr));
+            partials = std::max(partials, backward_vec_grid_any<__nv_bfloat16>(N, C, wpr));
+        }
+    return size_t(partials) * 2 * C * sizeof(float);
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream = 0) {
+    using namespace layernorm_detail;
+    if (N <= 0 || C <= 0) return;
+    float* partials = static_cast<float*>(scratch);
+    const int wpr = backward_warps_per_row<T>(C);
+    int P = 0;
+    if (wpr && vector_ok<T>(C, {dinp, dout, inp, weight})) {
+        P = backward_vec_grid_any<T>(N, C, wpr);
+#define LN_BWD(W)                                                                                             \
+    case W: {                                                                                                 \
+        constexpr int ROWS = backward_block_threads<W>() / (32 * W);                                          \
+        layernorm_backward_vec_kernel<T, W><<<P, backward_block_threads<W>(), ROWS > 1 ? 2 * C * sizeof(float) : 0, stream>>>( \
+            dinp, partials, dout, inp, weight, mean, rstd, N, C);                                             \
+        break;                                                                                                \
+    }
+        switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }
+#undef LN_BWD
+    } else {
+        P = backward_general_grid(N, C);
+        layernorm_backward_general_kernel<T><<<P, 256, 0, stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+    }
+    cuda_check_launch();
+    layernorm_backward_finalize_kernel<T><<<(C + 31) / 32, dim3(32, 32), 0, stream>>>(dweight, dbias, partials, P, C);
+    cuda_check_launch();
+}

@@ -1,0 +1,211 @@
+// matmul.cuh: the linear layers (cuBLASLt / cuBLAS) and the tanh-GELU between them.
+//
+//   matmul_forward   out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
+//   matmul_backward  dinp (N, C) = dout (N, OC) @ weight            (overwritten)
+//                    dweight (OC, C) += dout^T @ inp                  (accumulated)
+//                    dbias (OC) += column sums of dout                (accumulated)
+//   gelu_forward / gelu_backward_inplace: GPT-2's tanh approximation.
+//
+// Non-obvious choices:
+//   - Row-major PyTorch tensors are column-major matrices transposed, so `out` is computed as the
+//     column-major (OC, N) product weight^T-as-stored times inp-as-stored: A = weight (stored (C, OC), transposed), B = inp (stored (C, N)).
+//   - The forward adds the bias in the cuBLASLt epilogue (no extra pass over `out`). When cuBLASLt
+//     offers no algorithm for a shape/alignment (odd sizes), a plain cublasGemmEx plus a bias kernel.
+//   - fp32 builds compute in true fp32 (CUBLAS_COMPUTE_32F, no TF32), so they match PyTorch with TF32
+//     off to ~1e-6; bf16 builds take bf16 inputs with fp32 accumulation.
+//   - dbias is a matrix-vector product with a vector of ones (cuBLAS, beta = 1): accumulates,
+//     deterministic, and reads dout once.
+//   - cuBLAS results are bitwise reproducible run to run on the same GPU model and stream (its
+//     documented guarantee), which the deterministic training relies on.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include "common.cuh"
+
+inline void cublas_check_impl(cublasStatus_t status, const char* expr, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) fail("cuBLAS: status %d (%s) at %s:%d", (int)status, expr, file, line);
+}
+#define cublas_check(expr) cublas_check_impl((expr), #expr, __FILE__, __LINE__)
+
+template <typename T> constexpr cudaDataType_t cuda_data_type();
+template <> constexpr cudaDataType_t cuda_data_type<float>() { return CUDA_R_32F; }
+template <> constexpr cudaDataType_t cuda_data_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+
+// One set of handles per process, made by blas_init() before the first matmul.
+struct BlasContext {
+    cublasHandle_t handle = nullptr;
+    cublasLtHandle_t lt = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
+    void* ones_buffer = nullptr;                // a vector of ones of the storage type, for dbias
+    size_t ones_count = 0;
+};
+inline BlasContext& blas() {
+    static BlasContext ctx;
+    return ctx;
+}
+
+template <typename T> __global__ void fill_ones_kernel(T* x, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        x[i] = from_float<T>(1.0f);
+}
+
+// max_rows: the largest N any matmul_backward will see (sizes the ones vector).
+template <typename T> void blas_init(size_t max_rows) {
+    BlasContext& b = blas();
+    cublas_check(cublasCreate(&b.handle));
+    cublas_check(cublasSetMathMode(b.handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 inputs
+    cublas_check(cublasLtCreate(&b.lt));
+    b.workspace = device_malloc(b.workspace_bytes, "cuBLAS workspace");
+    cublas_check(cublasSetWorkspace(b.handle, b.workspace, b.workspace_bytes));
+    b.ones_count = std::max<size_t>(max_rows, 1);
+    b.ones_buffer = device_malloc(b.ones_count * sizeof(T), "matmul ones vector");
+    fill_ones_kernel<T><<<256, 256>>>(static_cast<T*>(b.ones_buffer), b.ones_count);
+    cuda_check_launch();
+}
+
+inline void blas_destroy() {
+    BlasContext& b = blas();
+    if (b.handle) cublas_check(cublasDestroy(b.handle));
+    if (b.lt) cublas_check(cublasLtDestroy(b.lt));
+    if (b.workspace) cuda_check(cudaFree(b.workspace));
+    if (b.ones_buffer) cuda_check(cudaFree(b.ones_buffer));
+    b = BlasContext();
+}
+
+template <typename T> __global__ void add_bias_kernel(T* out, const T* bias, size_t N, int OC) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < N * OC; i += size_t(gridDim.x) * blockDim.x)
+        out[i] = from_float<T>(to_float(out[i]) + to_float(bias[i % OC]));
+}
+
+// C (m, n) = alpha * op(A) op(B) + beta * C, column-major, plain cuBLAS (fp32 accumulation).
+template <typename T>
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const T* A, int lda, const T* B,
+          int ldb, float beta, T* C, int ldc, cudaStream_t stream) {
+    cublas_check(cublasSetStream(blas().handle, stream));
+    cublas_check(cublasGemmEx(blas().handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, B, cuda_data_type<T>(),
+                              ldb, &beta, C, cuda_data_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, cudaStream_t stream = 0) {
+    BlasContext& b = blas();
+    const cudaDataType_t type = cuda_data_type<T>();
+    cublasLtMatmulDesc_t desc;
+    cublas_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
+    cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+    if (bias) {
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
+    cublas_check(cublasLtMatrixLayoutCreate(&a_layout, type, C, OC, C));
+    cublas_check(cublasLtMatrixLayoutCreate(&b_layout, type, C, N, C));
+    cublas_check(cublasLtMatrixLayoutCreate(&d_layout, type, OC, N, OC));
+    cublasLtMatmulPreference_t pref;
+    cublas_check(cublasLtMatmulPreferenceCreate(&pref));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
+                                                      sizeof(b.workspace_bytes)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(b.lt, desc, a_layout, b_layout, d_layout, d_layout, pref, 1, &heuristic, &found);
+    const float alpha = 1.0f, beta = 0.0f;
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
+        cublas_check(cublasLtMatmul(b.lt, desc, &alpha, weight, a_layout, inp, b_layout, &beta, out, d_layout, out, d_layout,
+                                    &heuristic.algo, b.workspace, b.workspace_bytes, stream));
+    } else {
+        gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC, stream);
+        if (bias) {
+            add_bias_kernel<T><<<1024, 256, 0, stream>>>(out, bias, size_t(N), OC);
+            cuda_check_launch();
+        }
+    }
+    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
+    cublas_check(cublasLtMatrixLayoutDestroy(a_layout));
+    cublas_check(cublasLtMatrixLayoutDestroy(b_layout));
+    cublas_check(cublasLtMatrixLayoutDestroy(d_layout));
+    cublas_check(cublasLtMatmulDescDestroy(desc));
+}
+
+// dinp may be null (not needed), dbias may be null (no bias).
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C, int OC,
+                     cudaStream_t stream = 0) {
+    if (dinp) gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, stream);
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
+    if (dbias) {
+        if (size_t(N) > blas().ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, blas().ones_count);
+        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, static_cast<const T*>(blas().ones_buffer), N, 1.0f,
+                dbias, OC, stream);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    const float th = tanhf(u), sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+template <typename T, int VS> __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
+    for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
+        if constexpr (VS == 1) {
+            out[i] = from_float<T>(gelu_tanh(to_float(inp[i])));
+        } else {
+            const Vec128<T> x = Vec128<T>::load(inp + i);
+            Vec128<T> y;
+#pragma unroll
+            for (int j = 0; j < VS; j++) y[j] = from_float<T>(gelu_tanh(to_float(x[j])));
+            y.store(out + i);
+        }
+    }
+}
+
+template <typename T, int VS> __global__ void gelu_backward_kernel(T* d, const T* inp, size_t n) {
+    for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
+        if constexpr (VS == 1) {
+            d[i] = from_float<T>(to_float(d[i]) * gelu_tanh_grad(to_float(inp[i])));
+        } else {
+            const Vec128<T> x = Vec128<T>::load(inp + i);
+            Vec128<T> g = Vec128<T>::load(d + i);
+#pragma unroll
+            for (int j = 0; j < VS; j++) g[j] = from_float<T>(to_float(g[j]) * gelu_tanh_grad(to_float(x[j])));
+            g.store(d + i);
+        }
+    }
+}
+
+inline int elementwise_blocks(size_t work, int threads = 256) {
+    return (int)std::max<size_t>(1, std::min<size_t>((work + threads - 1) / threads, 132 * 16));
+}
+
+template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0) {
+    constexpr int VS = Vec128<T>::size;
+    if (n % VS == 0 && is_aligned16(out) && is_aligned16(inp))
+        gelu_forward_kernel<T, VS><<<elementwise_blocks(n / VS), 256, 0, stream>>>(out, inp, n);
+    else
+        gelu_forward_kernel<T, 1><<<elementwise_blocks(n), 256, 0, stream>>>(out, inp, n);
+    cuda_check_launch();
+}
+
+// d = d * gelu'(inp), in place: d holds dL/d(gelu output) on entry, dL/d(inp) on exit.
+template <typename T> void gelu_backward_inplace(T* d, const T* inp, size_t n, cudaStream_t stream = 0) {
+    constexpr int VS = Vec128<T>::size;
+    if (n % VS == 0 && is_aligned16(d) && is_aligned16(inp))
+        gelu_backward_kernel<T, VS><<<elementwise_blocks(n / VS), 256, 0, stream>>>(d, inp, n);
+    else
+        gelu_backward_kernel<T, 1><<<elementwise_blocks(n), 256, 0, stream>>>(d, inp, n);
+    cuda_check_launch();
+}

@@ -1,0 +1,206 @@
+// test_gpt.cu: checks train_gpt.cu against the PyTorch reference (gpt_reference.py).
+//
+// Loads a checkpoint and a reference-state file written by `gpt_reference.py state`, runs one
+// forward/backward on the reference batch and compares the logits, the loss and the gradient of
+// every parameter tensor by name, then runs the reference's K AdamW steps and compares each loss.
+// Optionally saves the model after the K steps (-s) so the reference can score it back.
+//
+// Each comparison prints the tensor's relative error ||ours - ref|| / ||ref|| (the pass criterion)
+// and its worst element. Bounds: fp32 builds compute in true fp32 (no TF32), so every tensor is
+// within 1e-4 relative and every loss within 1e-5; bf16 builds round parameters and activations to
+// 8 significant bits, so gradients and logits get 2e-2 and losses 1e-2.
+#define TESTING
+#include "train_gpt.cu"
+
+#if defined(ENABLE_FP32)
+constexpr double kTensorTol = 1e-4, kLossTol = 1e-5;
+#else
+constexpr double kTensorTol = 2e-2, kLossTol = 1e-2;
+#endif
+constexpr int REFERENCE_MAGIC = 20251102, REFERENCE_VERSION = 1;
+
+struct Reference {
+    int B = 0, T = 0, K = 0;
+    GPTConfig config;
+    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, clip = 0;
+    std::vector<int> inputs, targets;
+    std::vector<float> logits, grads, losses;  // logits (B, T, V); grads in checkpoint order; K losses
+    float loss = 0;
+};
+
+static Reference read_reference(const std::string& path) {
+    std::vector<uint8_t> bytes;
+    std::string error;
+    if (!read_whole_file(path, bytes, &error)) fail("%s", error.c_str());
+    int32_t h[HEADER_INTS];
+    if (bytes.size() < sizeof(h)) fail("reference '%s' is truncated", path.c_str());
+    memcpy(h, bytes.data(), sizeof(h));
+    if (h[0] != REFERENCE_MAGIC) fail("'%s' is not a reference-state file (bad magic %d)", path.c_str(), h[0]);
+    if (h[1] != REFERENCE_VERSION) fail("reference '%s' has version %d, expected %d", path.c_str(), h[1], REFERENCE_VERSION);
+    Reference r;
+    r.B = h[2], r.T = h[3], r.K = h[4];
+    r.config = GPTConfig{h[5], h[6], h[7], h[8], h[9], h[10]};
+    if (!config_error(r.config).empty() || r.B < 1 || r.T < 1 || r.T > r.config.maxT || r.K < 1)
+        fail("reference '%s' has an invalid header", path.c_str());
+    float f[6];
+    memcpy(f, h + 16, sizeof(f));
+    r.lr = f[0], r.beta1 = f[1], r.beta2 = f[2], r.eps = f[3], r.weight_decay = f[4], r.clip = f[5];
+    const size_t BT = size_t(r.B) * r.T, np = num_parameters(r.config);
+    const size_t expected = sizeof(h) + 2 * BT * 4 + BT * r.config.V * 4 + 4 + np * 4 + size_t(r.K) * 4;
+    if (bytes.size() != expected)
+        fail("reference '%s' has %zu bytes, expected %zu for its header", path.c_str(), bytes.size(), expected);
+    const uint8_t* p = bytes.data() + sizeof(h);
+    auto take = [&](auto& vec, size_t n) {
+        vec.resize(n);
+        memcpy(vec.data(), p, n * 4);
+        p += n * 4;
+    };
+    take(r.inputs, BT);
+    take(r.targets, BT);
+    take(r.logits, BT * r.config.V);
+    memcpy(&r.loss, p, 4);
+    p += 4;
+    take(r.grads, np);
+    take(r.losses, r.K);
+    for (size_t i = 0; i < BT; i++)
+        if (r.inputs[i] < 0 || r.inputs[i] >= r.config.V || r.targets[i] < 0 || r.targets[i] >= r.config.V)
+            fail("reference '%s' holds a token id outside [0, %d)", path.c_str(), r.config.V);
+    return r;
+}
+
+// Relative error of a whole tensor, plus its worst element; prints one line.
+static bool compare_tensor(const char* name, const std::vector<float>& got, const float* ref, size_t n, double tol) {
+    double diff2 = 0.0, ref2 = 0.0, worst = 0.0;
+    size_t worst_i = 0;
+    bool finite = true;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)got[i] - ref[i];
+        if (!std::isfinite(got[i])) finite = false;
+        diff2 += d * d;
+        ref2 += (double)ref[i] * ref[i];
+        if (std::fabs(d) > worst) worst = std::fabs(d), worst_i = i;
+    }
+    const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+    const bool ok = finite && rel <= tol;
+    printf("  %-10s %s  rel err %.3e (bound %.0e)  worst |err| %.3e at [%zu] (ours %.6g, ref %.6g)  n=%zu\n", name,
+           ok ? "ok  " : "FAIL", rel, tol, worst, worst_i, n ? got[worst_i] : 0.0f, n ? ref[worst_i] : 0.0f, n);
+    return ok;
+}
+
+static bool compare_loss(const char* what, float got, float ref, double tol) {
+    const double rel = std::fabs((double)got - ref) / std::max(1e-30, std::fabs((double)ref));
+    const bool ok = std::isfinite(got) && rel <= tol;
+    printf("  %-16s %s  ours %.7f  ref %.7f  rel err %.3e (bound %.0e)\n", what, ok ? "ok  " : "FAIL", got, ref, rel, tol);
+    return ok;
+}
+
+template <typename T> static std::vector<float> download(const T* d, size_t n) {
+    std::vector<T> tmp(n);
+    cuda_check(cudaMemcpy(tmp.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<float> out(n);
+    for (size_t i = 0; i < n; i++) out[i] = to_float(tmp[i]);
+    return out;
+}
+
+int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    std::string checkpoint, reference, save_path;
+    for (int i = 1; i < argc; i++) {
+        const std::string f = argv[i];
+        if (f == "-h" || f == "--help") {
+            printf("usage: test_gpt_%s -e CHECKPOINT -r REFERENCE [-s SAVE]\n"
+                   "  -e  checkpoint written by gpt_reference.py init\n"
+                   "  -r  reference state written by gpt_reference.py state for that checkpoint\n"
+                   "  -s  write the model after the reference's K steps here (for gpt_reference.py loss)\n",
+                   PRECISION_NAME);
+            return 0;
+        }
+        if (i + 1 >= argc) fail("flag %s needs a value (-h for usage)", argv[i]);
+        if (f == "-e") checkpoint = argv[++i];
+        else if (f == "-r") reference = argv[++i];
+        else if (f == "-s") save_path = argv[++i];
+        else fail("unknown flag %s (-h for usage)", argv[i]);
+    }
+    if (checkpoint.empty() || reference.empty()) fail("give -e CHECKPOINT and -r REFERENCE (-h for usage)");
+
+    HostModel host;
+    std::string error;
+    if (!read_checkpoint(checkpoint, host, &error)) fail("%s", error.c_str());
+    const Reference ref = read_reference(reference);
+    const GPTConfig& c = host.config;
+    if (memcmp(&c, &ref.config, sizeof(c)) != 0) fail("reference '%s' was made for another model config", reference.c_str());
+    TestCounter counter;
+    char label[256];
+    snprintf(label, sizeof(label), "test_gpt_%s L=%d NH=%d C=%d V=%d B=%d T=%d", PRECISION_NAME, c.L, c.NH, c.C, c.V,
+             ref.B, ref.T);
+    if (!cuda_device_available()) {
+        counter.skip(label);
+        return counter.finish();
+    }
+    printf("%s, %d steps, tensor bound %.0e, loss bound %.0e\n", label, ref.K, kTensorTol, kLossTol);
+
+    GPT m;
+    gpt_create(m, host, ref.B, ref.T);
+    const int B = ref.B, T = ref.T, BT = B * T;
+
+    // Forward only: logits and loss.
+    gpt_set_batch(m, ref.inputs.data(), ref.targets.data(), B, T);
+    gpt_forward(m, B, T, true, 0.0f);
+    const float loss = gpt_mean_loss(m, B, T);
+    {
+        std::vector<float> all = download(m.acts.logits, size_t(BT) * c.Vp), logits(size_t(BT) * c.V);
+        for (int i = 0; i < BT; i++) std::copy_n(all.begin() + size_t(i) * c.Vp, c.V, logits.begin() + size_t(i) * c.V);
+        counter.record(compare_tensor("logits", logits, ref.logits.data(), logits.size(), kTensorTol));
+    }
+    counter.record(compare_loss("loss", loss, ref.loss, kLossTol));
+
+    // K AdamW steps on the same batch; gradients compared after the first backward.
+    AdamWConfig adam;
+    adam.beta1 = ref.beta1, adam.beta2 = ref.beta2, adam.eps = ref.eps, adam.weight_decay = ref.weight_decay;
+    for (int k = 0; k < ref.K; k++) {
+        gpt_zero_grad(m);
+        gpt_forward(m, B, T, true, 1.0f / BT);
+        gpt_backward(m, B, T);
+        const float step_loss = gpt_mean_loss(m, B, T);
+        if (k == 0) {
+            printf("gradients after one backward:\n");
+            std::vector<float> grads = download(m.grads_memory, m.num_params);
+            size_t offset = 0;
+            for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+                std::vector<float> g(grads.begin() + offset, grads.begin() + offset + m.param_sizes[i]);
+                counter.record(compare_tensor(PARAM_NAMES[i], g, ref.grads.data() + offset, g.size(), kTensorTol));
+                offset += m.param_sizes[i];
+            }
+            printf("losses of %d AdamW steps (lr %g, weight decay %g, clip %g):\n", ref.K, ref.lr, ref.weight_decay, ref.clip);
+        }
+        char what[32];
+        snprintf(what, sizeof(what), "step %d loss", k);
+        counter.record(compare_loss(what, step_loss, ref.losses[k], kLossTol));
+        const float norm = gpt_grad_norm(m);
+        gpt_update(m, adam, ref.lr, k + 1, clip_scale(norm, ref.clip));
+    }
+    gpt_forward(m, B, T, true, 0.0f);
+    printf("loss after %d steps: %.7f\n", ref.K, gpt_mean_loss(m, B, T));
+    if (!save_path.empty()) {
+        if (!write_model_file(save_path, c, gpt_params_fp32(m), &error)) fail("%s", error.c_str());
+        printf("wrote %s\n", save_path.c_str());
+    }
+
+    // Determinism: the same forward/backward again gives bit-identical gradients.
+    {
+        gpt_zero_grad(m);
+        gpt_forward(m, B, T, true, 1.0f / BT);
+        gpt_backward(m, B, T);
+        std::vector<float> first = download(m.grads_memory, m.num_params);
+        gpt_zero_grad(m);
+        gpt_forward(m, B, T, true, 1.0f / BT);
+        gpt_backward(m, B, T);
+        std::vector<float> second = download(m.grads_memory, m.num_params);
+        const bool same = memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0;
+        printf("  %-16s %s  two backward passes give %s gradients\n", "determinism", same ? "ok  " : "FAIL",
+               same ? "bit-identical" : "DIFFERENT");
+        counter.record(same);
+    }
+    gpt_free(m);
+    return counter.finish();
+}

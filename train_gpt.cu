@@ -1,0 +1,1037 @@
+// train_gpt.cu: GPT-2 training on one GPU, in one file.
+//
+// Reads top to bottom: model config and checkpoint format, parameter and activation buffers (one flat
+// device buffer each, carved into named tensors), forward, backward, AdamW update, data loader,
+// checkpoints, sampling, command line, training loop. Each kernel family lives in its own header
+// (encoder, layernorm, matmul, attention, classifier, adamw).
+//
+// Precision is a build option: train_gpt_fp32 (everything fp32, cuBLAS without TF32) and
+// train_gpt_bf16 (bf16 parameters, gradients and activations; fp32 master weights, AdamW state,
+// LayerNorm statistics, softmax and loss).
+//
+// Nothing touches the GPU before every input (flags, token files, tokenizer, checkpoints, output
+// folder) has been validated, so bad input fails with one line and exit code 1 even without a GPU.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "adamw.cuh"
+#include "attention.cuh"
+#include "classifier.cuh"
+#include "common.cuh"
+#include "encoder.cuh"
+#include "fileio.h"
+#include "layernorm.cuh"
+#include "matmul.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Model config and the checkpoint format (shared with gpt_reference.py, which documents it too):
+// 256 int32 header {magic 20251101, version 1, L, NH, C, maxT, V, Vp, crc32 (0 = none), 0...} then
+// every parameter as fp32 in PARAM_NAMES order, per-layer tensors stacked over layers.
+
+constexpr int CHECKPOINT_MAGIC = 20251101, CHECKPOINT_VERSION = 1;
+constexpr int STATE_MAGIC = 20251103, STATE_VERSION = 1;
+constexpr int HEADER_INTS = 256;
+
+struct GPTConfig {
+    int L = 0, NH = 0, C = 0, maxT = 0, V = 0, Vp = 0;  // layers, heads, channels, max sequence, vocab, padded vocab
+};
+
+inline int padded_vocab(int V) { return (V + 127) / 128 * 128; }  // 50257 -> 50304: whole matmul tiles
+
+// Returns "" when valid, else what is wrong. Limits keep every size below 2^31 elements per tensor.
+inline std::string config_error(const GPTConfig& c) {
+    char buf[256];
+    if (c.L < 1 || c.L > 1024 || c.NH < 1 || c.C < 1 || c.C > 65536 || c.maxT < 1 || c.maxT > 65536 || c.V < 1 ||
+        c.V > 1 << 20 || c.Vp < c.V || c.Vp > (1 << 20) + 128 || c.C % c.NH != 0) {
+        snprintf(buf, sizeof(buf), "invalid model config L=%d NH=%d C=%d maxT=%d V=%d Vp=%d", c.L, c.NH, c.C, c.maxT, c.V,
+                 c.Vp);
+        return buf;
+    }
+    return "";
+}
+
+constexpr int NUM_PARAM_TENSORS = 16;
+const char* const PARAM_NAMES[NUM_PARAM_TENSORS] = {"wte",      "wpe",      "ln1w", "ln1b", "qkvw",    "qkvb",
+                                                    "attprojw", "attprojb", "ln2w", "ln2b", "fcw",     "fcb",
+                                                    "fcprojw",  "fcprojb",  "lnfw", "lnfb"};
+// Matrices and embeddings get weight decay; biases and LayerNorm parameters do not.
+constexpr unsigned PARAM_DECAY_MASK = (1u << 0) | (1u << 1) | (1u << 4) | (1u << 6) | (1u << 10) | (1u << 12);
+
+inline void param_sizes(const GPTConfig& c, size_t sizes[NUM_PARAM_TENSORS]) {
+    const size_t L = c.L, C = c.C;
+    const size_t s[NUM_PARAM_TENSORS] = {size_t(c.Vp) * C, size_t(c.maxT) * C, L * C, L * C, L * 3 * C * C, L * 3 * C,
+                                         L * C * C, L * C, L * C, L * C, L * 4 * C * C, L * 4 * C,
+                                         L * C * 4 * C, L * C, C, C};
+    std::copy(s, s + NUM_PARAM_TENSORS, sizes);
+}
+
+inline size_t num_parameters(const GPTConfig& c) {
+    size_t sizes[NUM_PARAM_TENSORS], n = 0;
+    param_sizes(c, sizes);
+    for (size_t s : sizes) n += s;
+    return n;
+}
+
+// The model on the host, as read from a checkpoint or made by random init: fp32 parameters.
+struct HostModel {
+    GPTConfig config;
+    std::vector<float> params;
+};
+
+// GPT-2 descriptors: d12 is GPT-2 124M, d24 350M, d36 774M, d48 1558M; d6 a small one for quick runs.
+inline bool config_from_descriptor(const std::string& d, GPTConfig& c) {
+    struct { const char* name; int L, NH, C; } table[] = {
+        {"d6", 6, 6, 384}, {"d12", 12, 12, 768}, {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280}, {"d48", 48, 25, 1600}};
+    for (auto& t : table)
+        if (d == t.name) {
+            c.L = t.L, c.NH = t.NH, c.C = t.C, c.maxT = 1024, c.V = 50257, c.Vp = padded_vocab(50257);
+            return true;
+        }
+    return false;
+}
+
+// A small, portable, seedable generator (splitmix64): the same stream on every machine.
+struct Rng {
+    uint64_t state;
+    explicit Rng(uint64_t seed = 0) : state(seed) {}
+    uint64_t next() {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+    float normal() {
+        const double u1 = 1.0 - uniform(), u2 = uniform();  // u1 in (0, 1]: log is finite
+        return (float)(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    }
+};
+
+// GPT-2's init: N(0, 0.02) for matrices and embeddings, N(0, 0.02 / sqrt(2L)) for the two residual
+// projections (attprojw, fcprojw), LayerNorm weights 1, every bias 0, padded vocabulary rows 0.
+inline HostModel random_init(const GPTConfig& c, uint64_t seed) {
+    HostModel m{c, std::vector<float>(num_parameters(c), 0.0f)};
+    size_t sizes[NUM_PARAM_TENSORS];
+    param_sizes(c, sizes);
+    Rng rng(seed);
+    size_t offset = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        float* p = m.params.data() + offset;
+        const std::string name = PARAM_NAMES[i];
+        if ((PARAM_DECAY_MASK >> i) & 1u) {
+            const float std = (name == "attprojw" || name == "fcprojw") ? 0.02f / std::sqrt(2.0f * c.L) : 0.02f;
+            const size_t n = name == "wte" ? size_t(c.V) * c.C : sizes[i];  // padding rows stay 0
+            for (size_t j = 0; j < n; j++) p[j] = rng.normal() * std;
+        } else if (name == "ln1w" || name == "ln2w" || name == "lnfw") {
+            std::fill(p, p + sizes[i], 1.0f);
+        }
+        offset += sizes[i];
+    }
+    return m;
+}
+
+inline uint32_t header_and_payload_crc(const int32_t* header, int crc_slot, const void* payload, size_t bytes) {
+    std::vector<int32_t> h(header, header + HEADER_INTS);
+    h[crc_slot] = 0;
+    return crc32(payload, bytes, crc32(h.data(), h.size() * sizeof(int32_t)));
+}
+
+// Reads and validates a checkpoint; on any problem returns false with *error set (resume skips a bad
+// checkpoint; a model given by -e is fatal). A crc32 of 0 means "not recorded" (PyTorch writes none).
+inline bool read_checkpoint(const std::string& path, HostModel& m, std::string* error) {
+    std::vector<uint8_t> bytes;
+    if (!read_whole_file(path, bytes, error)) return false;
+    if (bytes.size() < HEADER_INTS * sizeof(int32_t)) {
+        *error = "checkpoint '" + path + "' is truncated (" + std::to_string(bytes.size()) + " bytes, no complete header)";
+        return false;
+    }
+    int32_t h[HEADER_INTS];
+    memcpy(h, bytes.data(), sizeof(h));
+    if (h[0] != CHECKPOINT_MAGIC) {
+        *error = "'" + path + "' is not a model checkpoint (bad magic " + std::to_string(h[0]) + ", expected " +
+                 std::to_string(CHECKPOINT_MAGIC) + ")";
+        return false;
+    }
+    if (h[1] != CHECKPOINT_VERSION) {
+        *error = "checkpoint '" + path + "' has version " + std::to_string(h[1]) + ", expected " + std::to_string(CHECKPOINT_VERSION);
+        return false;
+    }
+    GPTConfig c{h[2], h[3], h[4], h[5], h[6], h[7]};
+    const std::string bad = config_error(c);
+    if (!bad.empty()) {
+        *error = "checkpoint '" + path + "': " + bad;
+        return false;
+    }
+    const size_t n = num_parameters(c), expected = sizeof(h) + n * sizeof(float);
+    if (bytes.size() != expected) {
+        *error = "checkpoint '" + path + "' has " + std::to_string(bytes.size()) + " bytes, expected " +
+                 std::to_string(expected) + " for its config (truncated or corrupt)";
+        return false;
+    }
+    if (h[8] != 0 && (uint32_t)h[8] != header_and_payload_crc(h, 8, bytes.data() + sizeof(h), n * sizeof(float))) {
+        *error = "checkpoint '" + path + "' fails its checksum (corrupt)";
+        return false;
+    }
+    m.config = c;
+    m.params.resize(n);
+    memcpy(m.params.data(), bytes.data() + sizeof(h), n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        if (!std::isfinite(m.params[i])) {
+            *error = "checkpoint '" + path + "' holds a non-finite parameter at index " + std::to_string(i);
+            return false;
+        }
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters: one flat buffer of floatX, carved into the 16 named tensors (gradients alike).
+
+struct ParameterTensors {
+    floatX* wte;       // (Vp, C)
+    floatX* wpe;       // (maxT, C)
+    floatX* ln1w;      // (L, C)
+    floatX* ln1b;      // (L, C)
+    floatX* qkvw;      // (L, 3C, C)
+    floatX* qkvb;      // (L, 3C)
+    floatX* attprojw;  // (L, C, C)
+    floatX* attprojb;  // (L, C)
+    floatX* ln2w;      // (L, C)
+    floatX* ln2b;      // (L, C)
+    floatX* fcw;       // (L, 4C, C)
+    floatX* fcb;       // (L, 4C)
+    floatX* fcprojw;   // (L, C, 4C)
+    floatX* fcprojb;   // (L, C)
+    floatX* lnfw;      // (C)
+    floatX* lnfb;      // (C)
+};
+static_assert(sizeof(ParameterTensors) == NUM_PARAM_TENSORS * sizeof(floatX*), "one pointer per tensor");
+
+inline ParameterTensors point_parameters(floatX* base, const size_t sizes[NUM_PARAM_TENSORS]) {
+    ParameterTensors t;
+    floatX** ptrs = reinterpret_cast<floatX**>(&t);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) ptrs[i] = base, base += sizes[i];
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: one flat floatX buffer and one flat fp32 buffer (statistics, losses), carved into
+// named tensors. Per-layer tensors are (L, ...) so the backward finds each layer's forward values.
+
+struct ActivationTensors {
+    floatX* encoded;    // (B, T, C)     token + position embedding
+    floatX* ln1;        // (L, B, T, C)  LayerNorm 1 output
+    floatX* qkv;        // (L, B, T, 3C)
+    floatX* atty;       // (L, B, T, C)  attention output before the projection
+    floatX* att;        // (L, B, NH, T, T) softmax probabilities
+    floatX* residual2;  // (L, B, T, C)  residual after attention
+    floatX* ln2;        // (L, B, T, C)
+    floatX* fch;        // (L, B, T, 4C) MLP hidden, before GELU
+    floatX* fch_gelu;   // (L, B, T, 4C)
+    floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer
+    floatX* lnf;        // (B, T, C)
+    floatX* logits;     // (B, T, Vp)    overwritten by dlogits when the forward is given a dloss
+    floatX* block_out;  // (B, T, C)     scratch: attention / MLP projection output before the residual add
+    floatX* qkvr;       // (3, B, NH, T, HS) scratch: q, k, v per head
+    floatX* yr;         // (B, NH, T, HS) scratch: attention output per head (dy per head in the backward)
+    // backward scratch
+    floatX* dresidual;  // (B, T, C)     gradient of the residual stream
+    floatX* dln;        // (B, T, C)     gradient of a LayerNorm output / of atty
+    floatX* dbig;       // (B, T, 4C)    gradient of fch_gelu / fch, then of qkv
+    floatX* dqkvr;      // (3, B, NH, T, HS)
+    floatX* datt;       // (B, NH, T, T)
+};
+constexpr int NUM_ACT_TENSORS = sizeof(ActivationTensors) / sizeof(floatX*);
+
+struct StatTensors {
+    float* ln1_mean;  // (L, B, T)
+    float* ln1_rstd;  // (L, B, T)
+    float* ln2_mean;  // (L, B, T)
+    float* ln2_rstd;  // (L, B, T)
+    float* lnf_mean;  // (B, T)
+    float* lnf_rstd;  // (B, T)
+    float* losses;    // (B, T)
+};
+constexpr int NUM_STAT_TENSORS = sizeof(StatTensors) / sizeof(float*);
+
+inline void activation_sizes(const GPTConfig& c, int B, int T, size_t act[NUM_ACT_TENSORS], size_t stat[NUM_STAT_TENSORS]) {
+    const size_t L = c.L, BT = size_t(B) * T, C = c.C, NH = c.NH;
+    const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * C,     L * BT * 3 * C, L * BT * C,     L * B * NH * T * T,
+                                       L * BT * C, L * BT * C,     L * BT * 4 * C, L * BT * 4 * C, L * BT * C,
+                                       BT * C,     BT * c.Vp,      BT * C,         3 * BT * C,     BT * C,
+                                       BT * C,     BT * C,         BT * 4 * C,     3 * BT * C,     size_t(B) * NH * T * T};
+    const size_t s[NUM_STAT_TENSORS] = {L * BT, L * BT, L * BT, L * BT, BT, BT, BT};
+    std::copy(a, a + NUM_ACT_TENSORS, act);
+    std::copy(s, s + NUM_STAT_TENSORS, stat);
+}
+
+// Carves `base` into tensors, each start rounded up to 16 bytes so every tensor can take the
+// vectorized kernel paths. Returns the bytes used (pass base = nullptr to size the buffer).
+template <typename P> size_t carve(P** views, int count, P* base, const size_t* sizes) {
+    size_t offset = 0;  // in elements
+    for (int i = 0; i < count; i++) {
+        offset = (offset + 16 / sizeof(P) - 1) / (16 / sizeof(P)) * (16 / sizeof(P));
+        views[i] = base ? base + offset : nullptr;
+        offset += sizes[i];
+    }
+    return offset * sizeof(P);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model on the device.
+
+struct GPT {
+    GPTConfig config;
+    size_t param_sizes[NUM_PARAM_TENSORS];
+    size_t num_params = 0;
+    ParameterTensors params, grads;
+    floatX* params_memory = nullptr;
+    floatX* grads_memory = nullptr;
+    float* master = nullptr;  // fp32 master weights (bf16 builds only)
+    float* adam_m = nullptr;
+    float* adam_v = nullptr;
+    int B = 0, T = 0;  // the largest batch the buffers hold
+    ActivationTensors acts;
+    StatTensors stats;
+    floatX* acts_memory = nullptr;
+    float* stats_memory = nullptr;
+    void* ln_scratch = nullptr;
+    float* norm_squared = nullptr;  // (1)
+    float* norm_partials = nullptr;
+    int* inputs = nullptr;   // (B, T) device
+    int* targets = nullptr;  // (B, T) device
+    int* buckets = nullptr;  // encoder-backward grouping of the current batch: token, start, positions
+    TokenBuckets host_buckets;
+    int num_buckets = 0;
+    float* host_losses = nullptr;  // pinned (B * T)
+    size_t bytes_allocated = 0;
+};
+
+template <typename P> P* gpt_alloc(GPT& m, size_t bytes, const char* what) {
+    m.bytes_allocated += bytes;
+    return static_cast<P*>(device_malloc(std::max<size_t>(bytes, 16), what));
+}
+
+// Uploads fp32 parameters (from a checkpoint or init) into the storage type, and the master copy.
+__global__ void convert_params_kernel(floatX* out, const float* in, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        out[i] = from_float<floatX>(in[i]);
+}
+
+inline void gpt_create(GPT& m, const HostModel& host, int B, int T) {
+    m.config = host.config;
+    m.B = B, m.T = T;
+    param_sizes(m.config, m.param_sizes);
+    m.num_params = num_parameters(m.config);
+    const size_t np = m.num_params;
+    m.params_memory = gpt_alloc<floatX>(m, np * sizeof(floatX), "parameters");
+    m.grads_memory = gpt_alloc<floatX>(m, np * sizeof(floatX), "gradients");
+    m.params = point_parameters(m.params_memory, m.param_sizes);
+    m.grads = point_parameters(m.grads_memory, m.param_sizes);
+    m.adam_m = gpt_alloc<float>(m, np * sizeof(float), "AdamW first moments");
+    m.adam_v = gpt_alloc<float>(m, np * sizeof(float), "AdamW second moments");
+    cuda_check(cudaMemset(m.adam_m, 0, np * sizeof(float)));
+    cuda_check(cudaMemset(m.adam_v, 0, np * sizeof(float)));
+    cuda_check(cudaMemset(m.grads_memory, 0, np * sizeof(floatX)));
+    float* staging = static_cast<float*>(device_malloc(np * sizeof(float), "parameter upload"));
+    cuda_check(cudaMemcpy(staging, host.params.data(), np * sizeof(float), cudaMemcpyHostToDevice));
+    convert_params_kernel<<<1024, 256>>>(m.params_memory, staging, np);
+    cuda_check_launch();
+    if (sizeof(floatX) != sizeof(float)) m.master = staging, m.bytes_allocated += np * sizeof(float);
+    else cuda_check(cudaFree(staging));
+
+    size_t act_sizes[NUM_ACT_TENSORS], stat_sizes[NUM_STAT_TENSORS];
+    activation_sizes(m.config, B, T, act_sizes, stat_sizes);
+    floatX** act_views = reinterpret_cast<floatX**>(&m.acts);
+    float** stat_views = reinterpret_cast<float**>(&m.stats);
+    m.acts_memory = gpt_alloc<floatX>(m, carve<floatX>(act_views, NUM_ACT_TENSORS, nullptr, act_sizes), "activations");
+    carve<floatX>(act_views, NUM_ACT_TENSORS, m.acts_memory, act_sizes);
+    m.stats_memory = gpt_alloc<float>(m, carve<float>(stat_views, NUM_STAT_TENSORS, nullptr, stat_sizes), "LayerNorm statistics and losses");
+    carve<float>(stat_views, NUM_STAT_TENSORS, m.stats_memory, stat_sizes);
+
+    const int BT = B * T;
+    m.ln_scratch = gpt_alloc<void>(m, layernorm_backward_scratch_bytes(BT, m.config.C), "LayerNorm backward scratch");
+    m.norm_squared = gpt_alloc<float>(m, sizeof(float), "gradient norm");
+    m.norm_partials = gpt_alloc<float>(m, kNormBlocks * sizeof(float), "gradient norm partials");
+    m.inputs = gpt_alloc<int>(m, BT * sizeof(int), "inputs");
+    m.targets = gpt_alloc<int>(m, BT * sizeof(int), "targets");
+    m.buckets = gpt_alloc<int>(m, (3 * size_t(BT) + 1) * sizeof(int), "encoder buckets");
+    cuda_check(cudaMallocHost(&m.host_losses, BT * sizeof(float)));
+    blas_init<floatX>(std::max<size_t>(BT, 1));
+    cuda_check(cudaDeviceSynchronize());
+}
+
+inline void gpt_free(GPT& m) {
+    for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
+                                                m.stats_memory, m.ln_scratch, m.norm_squared, m.norm_partials, m.inputs,
+                                                m.targets, m.buckets})
+        if (p) cuda_check(cudaFree(p));
+    if (m.host_losses) cuda_check(cudaFreeHost(m.host_losses));
+    blas_destroy();
+    m = GPT();
+}
+
+// Copies one batch to the device: inputs (B, T) and optionally targets, both host arrays of token ids
+// already validated against V. Also groups the positions by token for the encoder backward.
+inline void gpt_set_batch(GPT& m, const int* inputs, const int* targets, int B, int T) {
+    if (B < 1 || T < 1 || B * T > m.B * m.T || T > m.config.maxT) fail("batch %dx%d does not fit the model buffers", B, T);
+    const int BT = B * T;
+    cuda_check(cudaMemcpy(m.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice));
+    if (targets) cuda_check(cudaMemcpy(m.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice));
+    m.host_buckets.build(inputs, BT, m.config.V);
+    m.num_buckets = (int)m.host_buckets.bucket_token.size();
+    int* d = m.buckets;
+    cuda_check(cudaMemcpy(d, m.host_buckets.bucket_token.data(), m.num_buckets * sizeof(int), cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpy(d + BT, m.host_buckets.bucket_start.data(), (m.num_buckets + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpy(d + 2 * BT + 1, m.host_buckets.positions.data(), BT * sizeof(int), cudaMemcpyHostToDevice));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. With `dloss` != 0 the classifier also turns the logits into dlogits (scaled by dloss, the
+// weight of each position's loss in the step's mean loss), ready for gpt_backward. With targets =
+// false, the logits are left as they are (sampling).
+
+inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
+    const GPTConfig& c = m.config;
+    const int L = c.L, C = c.C, NH = c.NH, BT = B * T;
+    const ParameterTensors& p = m.params;
+    const ActivationTensors& a = m.acts;
+    const StatTensors& s = m.stats;
+    const size_t btc = size_t(BT) * C;
+
+    encoder_forward(a.encoded, m.inputs, p.wte, p.wpe, B, T, C);
+    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C);
+    for (int l = 0; l < L; l++) {
+        const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;  // this layer's input residual
+        floatX* ln1 = a.ln1 + l * btc;
+        floatX* qkv = a.qkv + l * 3 * btc;
+        floatX* atty = a.atty + l * btc;
+        floatX* att = a.att + l * size_t(B) * NH * T * T;
+        floatX* residual2 = a.residual2 + l * btc;
+        floatX* ln2 = a.ln2 + l * btc;
+        floatX* fch = a.fch + l * 4 * btc;
+        floatX* fch_gelu = a.fch_gelu + l * 4 * btc;
+        floatX* residual3 = a.residual3 + l * btc;
+
+        matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C);
+        attention_forward(atty, att, a.qkvr, a.yr, qkv, B, T, C, NH);
+        matmul_forward(a.block_out, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C);
+        fused_residual_layernorm_forward(residual2, ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, x, a.block_out,
+                                         p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C);
+        gelu_forward(fch_gelu, fch, 4 * btc);
+        matmul_forward(a.block_out, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C);
+        // The residual add is fused with the next LayerNorm: ln_1 of the next layer, or ln_f.
+        if (l + 1 < L)
+            fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * btc, s.ln1_mean + (l + 1) * BT,
+                                             s.ln1_rstd + (l + 1) * BT, residual2, a.block_out, p.ln1w + (l + 1) * C,
+                                             p.ln1b + (l + 1) * C, BT, C);
+        else
+            fused_residual_layernorm_forward(residual3, a.lnf, s.lnf_mean, s.lnf_rstd, residual2, a.block_out, p.lnfw,
+                                             p.lnfb, BT, C);
+    }
+    matmul_forward(a.logits, a.lnf, p.wte, (const floatX*)nullptr, BT, C, c.Vp);  // LM head tied to wte
+    if (targets) fused_classifier(a.logits, s.losses, m.targets, dloss, BT, c.V, c.Vp);
+}
+
+// Mean of the per-position losses of the last forward (synchronizes; fixed summation order).
+inline float gpt_mean_loss(GPT& m, int B, int T) {
+    const int BT = B * T;
+    cuda_check(cudaMemcpy(m.host_losses, m.stats.losses, BT * sizeof(float), cudaMemcpyDeviceToHost));
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) sum += m.host_losses[i];
+    return (float)(sum / BT);
+}
+
+inline void gpt_zero_grad(GPT& m) { cuda_check(cudaMemsetAsync(m.grads_memory, 0, m.num_params * sizeof(floatX))); }
+
+// Backward of the last forward (which must have had targets and a dloss). Gradients accumulate (+=)
+// into m.grads, so several micro-batches add up to one step.
+inline void gpt_backward(GPT& m, int B, int T) {
+    const GPTConfig& c = m.config;
+    const int L = c.L, C = c.C, NH = c.NH, BT = B * T;
+    const ParameterTensors& p = m.params;
+    const ParameterTensors& g = m.grads;
+    const ActivationTensors& a = m.acts;
+    const StatTensors& s = m.stats;
+    const size_t btc = size_t(BT) * C;
+
+    cuda_check(cudaMemsetAsync(a.dresidual, 0, btc * sizeof(floatX)));
+    // LM head: a.logits holds dlogits now.
+    matmul_backward(a.dln, g.wte, (floatX*)nullptr, a.logits, a.lnf, p.wte, BT, C, c.Vp);
+    layernorm_backward(a.dresidual, g.lnfw, g.lnfb, m.ln_scratch, a.dln, a.residual3 + (L - 1) * btc, p.lnfw, s.lnf_mean,
+                       s.lnf_rstd, BT, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
+        const floatX* ln1 = a.ln1 + l * btc;
+        const floatX* qkv = a.qkv + l * 3 * btc;
+        const floatX* atty = a.atty + l * btc;
+        const floatX* att = a.att + l * size_t(B) * NH * T * T;
+        const floatX* residual2 = a.residual2 + l * btc;
+        const floatX* ln2 = a.ln2 + l * btc;
+        const floatX* fch = a.fch + l * 4 * btc;
+        const floatX* fch_gelu = a.fch_gelu + l * 4 * btc;
+
+        // MLP. dresidual is the gradient of residual3 = residual2 + fcproj, so also of fcproj.
+        matmul_backward(a.dbig, g.fcprojw + size_t(l) * 4 * C * C, g.fcprojb + size_t(l) * C, a.dresidual, fch_gelu,
+                        p.fcprojw + size_t(l) * 4 * C * C, BT, 4 * C, C);
+        gelu_backward_inplace(a.dbig, fch, 4 * btc);
+        matmul_backward(a.dln, g.fcw + size_t(l) * 4 * C * C, g.fcb + size_t(l) * 4 * C, a.dbig, ln2,
+                        p.fcw + size_t(l) * 4 * C * C, BT, C, 4 * C);
+        // += into dresidual: it becomes the gradient of residual2.
+        layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
+                           s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C);
+        // Attention. dln now holds the gradient of atty, dbig that of qkv.
+        matmul_backward(a.dln, g.attprojw + size_t(l) * C * C, g.attprojb + size_t(l) * C, a.dresidual, atty,
+                        p.attprojw + size_t(l) * C * C, BT, C, C);
+        attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
+        matmul_backward(a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, a.dbig, ln1,
+                        p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C);
+        // += into dresidual: it becomes the gradient of this layer's input x.
+        layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
+                           s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C);
+    }
+    const int* d = m.buckets;
+    encoder_backward(g.wte, g.wpe, a.dresidual, d, d + BT, d + 2 * BT + 1, m.num_buckets, B, T, C);
+}
+
+// Global gradient norm (synchronizes to return it).
+inline float gpt_grad_norm(GPT& m) {
+    global_norm_squared(m.norm_squared, m.norm_partials, m.grads_memory, m.num_params);
+    float norm_squared = 0.0f;
+    cuda_check(cudaMemcpy(&norm_squared, m.norm_squared, sizeof(float), cudaMemcpyDeviceToHost));
+    return std::sqrt(norm_squared);
+}
+
+struct AdamWConfig {
+    float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+};
+
+// One AdamW step (t counts from 1); grad_scale multiplies every gradient (clipping).
+inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad_scale) {
+    ParamTable table{};
+    table.count = NUM_PARAM_TENSORS;
+    table.decay_mask = PARAM_DECAY_MASK;
+    size_t end = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) table.end[i] = (end += m.param_sizes[i]);
+    AdamWHyper hyper{lr, h.beta1, h.beta2, h.eps, h.weight_decay,
+                     1.0f - std::pow(h.beta1, (float)t), 1.0f - std::pow(h.beta2, (float)t), grad_scale};
+    adamw_update(m.params_memory, m.master, m.grads_memory, m.adam_m, m.adam_v, m.num_params, table, hyper);
+}
+
+// PyTorch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); clip <= 0 disables clipping.
+inline float clip_scale(float norm, float clip) { return clip > 0.0f ? std::min(1.0f, clip / (norm + 1e-6f)) : 1.0f; }
+
+// fp32 copy of the parameters (the master weights in bf16 builds), for checkpoints.
+inline std::vector<float> gpt_params_fp32(GPT& m) {
+    std::vector<float> out(m.num_params);
+    if (m.master) {
+        cuda_check(cudaMemcpy(out.data(), m.master, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
+    } else {
+        cuda_check(cudaMemcpy(out.data(), m.params_memory, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data loader: B x T windows of a token file, targets shifted by one; the windows of an epoch are
+// visited in order, or in a permutation drawn from (seed, epoch) when shuffling. Its whole state is
+// (epoch, cursor), which checkpoints save.
+
+struct DataLoader {
+    TokenFile file;
+    int B = 0, T = 0;
+    size_t windows = 0;  // B*T+1 tokens each, starting every B*T tokens
+    bool shuffle = false;
+    uint64_t seed = 0;
+    uint64_t epoch = 0, cursor = 0;
+    std::vector<size_t> order;
+
+    void init(TokenFile f, int B_, int T_, bool shuffle_, uint64_t seed_) {
+        file = std::move(f), B = B_, T = T_, shuffle = shuffle_, seed = seed_;
+        const size_t need = size_t(B) * T + 1;
+        if (file.tokens.size() < need)
+            fail("token file '%s' has %zu tokens, fewer than B*T+1 = %zu (use a smaller -b or -t)", file.path.c_str(),
+                 file.tokens.size(), need);
+        windows = (file.tokens.size() - 1) / (size_t(B) * T);
+        seek(0, 0);
+    }
+    void seek(uint64_t epoch_, uint64_t cursor_) {
+        epoch = epoch_, cursor = cursor_;
+        order.resize(windows);
+        for (size_t i = 0; i < windows; i++) order[i] = i;
+        if (shuffle) {
+            Rng rng(seed * 0x9E3779B97F4A7C15ull + epoch);
+            for (size_t i = windows - 1; i > 0; i--) std::swap(order[i], order[rng.next() % (i + 1)]);
+        }
+    }
+    void next(std::vector<int>& inputs, std::vector<int>& targets) {
+        if (cursor >= windows) seek(epoch + 1, 0);
+        const size_t start = order[cursor++] * size_t(B) * T;
+        inputs.resize(size_t(B) * T), targets.resize(size_t(B) * T);
+        for (size_t i = 0; i < size_t(B) * T; i++) inputs[i] = file.tokens[start + i], targets[i] = file.tokens[start + i + 1];
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: in the output folder, model_SSSSSSSS.bin (the format above, readable by
+// gpt_reference.py, with a crc32) and state_SSSSSSSS.bin: 256 int32 header {magic 20251103, version
+// 1, step, B, T, crc32, 0, 0, num_params (int64 at [8]), loader epoch (int64 at [10]), loader cursor
+// (int64 at [12]), sampler RNG (uint64 at [14])} then fp32 master weights, AdamW m, AdamW v. Both
+// are written atomically (temporary file, fsync, rename); a checkpoint counts only when both files
+// are complete and pass their checksums.
+
+struct TrainState {
+    int step = 0;  // completed optimizer steps
+    uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;
+    std::vector<float> adam_m, adam_v;
+};
+
+inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s_%08d.bin", kind, step);
+    return dir + "/" + name;
+}
+
+inline void put64(int32_t* h, int slot, uint64_t v) { memcpy(h + slot, &v, 8); }
+inline uint64_t get64(const int32_t* h, int slot) {
+    uint64_t v;
+    memcpy(&v, h + slot, 8);
+    return v;
+}
+
+inline bool write_model_file(const std::string& path, const GPTConfig& c, const std::vector<float>& params, std::string* error) {
+    int32_t h[HEADER_INTS] = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, c.L, c.NH, c.C, c.maxT, c.V, c.Vp};
+    h[8] = (int32_t)header_and_payload_crc(h, 8, params.data(), params.size() * sizeof(float));
+    return write_file_atomic(path, {{h, sizeof(h)}, {params.data(), params.size() * sizeof(float)}}, error);
+}
+
+inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st, int B, int T) {
+    std::vector<float> params = gpt_params_fp32(m), am(m.num_params), av(m.num_params);
+    cuda_check(cudaMemcpy(am.data(), m.adam_m, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
+    cuda_check(cudaMemcpy(av.data(), m.adam_v, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
+    int32_t h[HEADER_INTS] = {STATE_MAGIC, STATE_VERSION, st.step, B, T};
+    put64(h, 8, m.num_params);
+    put64(h, 10, st.loader_epoch);
+    put64(h, 12, st.loader_cursor);
+    put64(h, 14, st.sampler_rng);
+    const size_t bytes = m.num_params * sizeof(float);
+    uint32_t crc = 0;
+    {
+        std::vector<int32_t> hz(h, h + HEADER_INTS);
+        crc = crc32(hz.data(), sizeof(h));
+        crc = crc32(params.data(), bytes, crc);
+        crc = crc32(am.data(), bytes, crc);
+        crc = crc32(av.data(), bytes, crc);
+    }
+    h[5] = (int32_t)crc;
+    std::string error;
+    if (!write_file_atomic(checkpoint_path(dir, "state", st.step), {{h, sizeof(h)}, {params.data(), bytes}, {am.data(), bytes}, {av.data(), bytes}}, &error) ||
+        !write_model_file(checkpoint_path(dir, "model", st.step), m.config, params, &error))
+        fail("writing checkpoint for step %d: %s", st.step, error.c_str());
+    printf("checkpoint: wrote %s and %s\n", checkpoint_path(dir, "model", st.step).c_str(),
+           checkpoint_path(dir, "state", st.step).c_str());
+}
+
+// Steps that have a state file in `dir`, newest first.
+inline std::vector<int> checkpoint_steps(const std::string& dir) {
+    std::vector<int> steps;
+    DIR* d = opendir(dir.c_str());
+    if (!d) return steps;
+    while (dirent* e = readdir(d)) {
+        int step = -1;
+        char tail = 0;
+        if (sscanf(e->d_name, "state_%8d.bi%c", &step, &tail) == 2 && tail == 'n' && strlen(e->d_name) == 18 && step >= 0)
+            steps.push_back(step);
+    }
+    closedir(d);
+    std::sort(steps.rbegin(), steps.rend());
+    return steps;
+}
+
+// Keeps the newest `keep` complete checkpoints; called only after a new one is complete.
+inline void prune_checkpoints(const std::string& dir, int keep) {
+    std::vector<int> steps = checkpoint_steps(dir);
+    for (size_t i = keep; i < steps.size(); i++) {
+        unlink(checkpoint_path(dir, "model", steps[i]).c_str());
+        unlink(checkpoint_path(dir, "state", steps[i]).c_str());
+    }
+}
+
+// Loads the state file of `step` and its model file; false (with *error) when either is missing,
+// corrupt, or does not match the run (config, B, T).
+inline bool load_checkpoint(const std::string& dir, int step, int B, int T, HostModel& model, TrainState& st, std::string* error) {
+    if (!read_checkpoint(checkpoint_path(dir, "model", step), model, error)) return false;
+    const std::string path = checkpoint_path(dir, "state", step);
+    std::vector<uint8_t> bytes;
+    if (!read_whole_file(path, bytes, error)) return false;
+    const size_t n = model.params.size(), expected = HEADER_INTS * 4 + 3 * n * sizeof(float);
+    int32_t h[HEADER_INTS] = {};
+    if (bytes.size() >= sizeof(h)) memcpy(h, bytes.data(), sizeof(h));
+    if (bytes.size() < sizeof(h) || h[0] != STATE_MAGIC || h[1] != STATE_VERSION) {
+        *error = "'" + path + "' is not a training-state file of this version";
+        return false;
+    }
+    if (bytes.size() != expected || get64(h, 8) != n) {
+        *error = "'" + path + "' has " + std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected);
+        return false;
+    }
+    std::vector<int32_t> hz(h, h + HEADER_INTS);
+    hz[5] = 0;
+    if ((uint32_t)h[5] != crc32(bytes.data() + sizeof(h), bytes.size() - sizeof(h), crc32(hz.data(), sizeof(h)))) {
+        *error = "'" + path + "' fails its checksum (corrupt or partly written)";
+        return false;
+    }
+    if (h[2] != step || h[3] != B || h[4] != T) {
+        *error = "'" + path + "' was written with B=" + std::to_string(h[3]) + " T=" + std::to_string(h[4]) +
+                 "; resume with the same -b and -t";
+        return false;
+    }
+    const float* f = reinterpret_cast<const float*>(bytes.data() + sizeof(h));
+    model.params.assign(f, f + n);  // the fp32 master weights (exact), not the model file's copy
+    st.adam_m.assign(f + n, f + 2 * n);
+    st.adam_v.assign(f + 2 * n, f + 3 * n);
+    st.step = step;
+    st.loader_epoch = get64(h, 10), st.loader_cursor = get64(h, 12), st.sampler_rng = get64(h, 14);
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling: generates `len` tokens after <|endoftext|>, one forward (B = 1) per token, sampling from
+// the softmax of the last position on the host with its own RNG (so sampling never changes training).
+
+inline std::vector<int> gpt_sample(GPT& m, int eot, int len, Rng& rng) {
+    const GPTConfig& c = m.config;
+    std::vector<int> tokens = {eot};
+    std::vector<floatX> logits(c.Vp);
+    std::vector<double> probs(c.V);
+    for (int i = 0; i < len; i++) {
+        const int T = (int)tokens.size();
+        gpt_set_batch(m, tokens.data(), nullptr, 1, T);
+        gpt_forward(m, 1, T, false, 0.0f);
+        cuda_check(cudaMemcpy(logits.data(), m.acts.logits + size_t(T - 1) * c.Vp, c.Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        double maxv = -1e30, sum = 0.0;
+        for (int v = 0; v < c.V; v++) maxv = std::max(maxv, (double)to_float(logits[v]));
+        for (int v = 0; v < c.V; v++) sum += probs[v] = std::exp(to_float(logits[v]) - maxv);
+        double r = rng.uniform() * sum;
+        int next = c.V - 1;
+        for (int v = 0; v < c.V; v++)
+            if ((r -= probs[v]) < 0) {
+                next = v;
+                break;
+            }
+        tokens.push_back(next);
+        if (T + 1 >= std::min(m.T, c.maxT)) break;  // the next forward would not fit the buffers
+    }
+    return tokens;
+}
+
+#ifndef TESTING
+// ---------------------------------------------------------------------------------------------
+// Command line. Flags follow llm.c's; every value is range-checked (no division by zero anywhere).
+
+struct Options {
+    std::string train_path = "data/tinyshakespeare/tiny_shakespeare_train.bin";
+    std::string val_path = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    std::string tokenizer_path = "data/gpt2_tokenizer.bin";
+    std::string model = "d12";
+    std::string out_dir;
+    int checkpoint_every = 0, checkpoint_keep = 2, resume = 0;
+    int B = 16, T = 1024, total_batch = 0, max_steps = 100;
+    float lr = 6e-4f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
+    int warmup = 10, val_every = 20, val_batches = 20, sample_every = 50, gen_len = 64;
+    long seed = 1337;
+    int shuffle = 1;
+};
+
+static void usage(const Options& d) {
+    printf("usage: train_gpt_%s [flags]   (every flag takes a value)\n"
+           "  -i <file>   training tokens (default %s)\n"
+           "  -j <file>   validation tokens (default %s)\n"
+           "  -z <file>   tokenizer, for printing samples (default %s)\n"
+           "  -e <model>  checkpoint file, or d6|d12|d24|d36|d48 for a fresh GPT-2 init (default %s)\n"
+           "  -o <dir>    output folder for checkpoints and main.log (default: none)\n"
+           "  -n <int>    checkpoint every N steps, and at the end; 0 = only at the end when -o is set (default %d)\n"
+           "  -nk <int>   keep the newest K checkpoints (default %d)\n"
+           "  -y <0|1>    resume from the newest valid checkpoint in -o (default %d)\n"
+           "  -b <int>    micro-batch size B (default %d)\n"
+           "  -t <int>    sequence length T, at most the model's maxT (default %d)\n"
+           "  -d <int>    total batch size in tokens, a multiple of B*T (default B*T: no accumulation)\n"
+           "  -x <int>    optimizer steps (default %d)\n"
+           "  -l <float>  peak learning rate (default %g)\n"
+           "  -u <int>    warmup steps, linear from 0 (default %d)\n"
+           "  -q <float>  final learning rate as a fraction of -l, cosine decay (default %g)\n"
+           "  -c <float>  weight decay of matrices and embeddings (default %g)\n"
+           "  -gc <float> global gradient-norm clip, 0 = off (default %g)\n"
+           "  -v <int>    validation loss every N steps, 0 = never (default %d)\n"
+           "  -m <int>    validation batches, at most what the file holds (default %d)\n"
+           "  -s <int>    print a sample every N steps, 0 = never (default %d)\n"
+           "  -g <int>    tokens per sample (default %d)\n"
+           "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
+           "  -sh <0|1>   shuffle the training windows each epoch (default %d)\n"
+           "  -h          this help\n"
+           "Each step prints loss, grad norm, lr, time, tokens/s and MFU = 6*N + 12*L*C*T FLOPs per token\n"
+           "(PaLM's count) over the peak of an H100 SXM (989 TFLOP/s dense bf16; 67 TFLOP/s fp32).\n",
+           PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
+           d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
+           d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle);
+}
+
+static Options parse_options(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(o);
+            exit(0);
+        }
+    for (int i = 1; i < argc; i += 2) {
+        const std::string f = argv[i];
+        if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like -b 4; -h lists them)", argv[i]);
+        if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
+        const char* v = argv[i + 1];
+        const char* fl = argv[i];
+        if (f == "-i") o.train_path = v;
+        else if (f == "-j") o.val_path = v;
+        else if (f == "-z") o.tokenizer_path = v;
+        else if (f == "-e") o.model = v;
+        else if (f == "-o") o.out_dir = v;
+        else if (f == "-n") o.checkpoint_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
+        else if (f == "-nk") o.checkpoint_keep = (int)parse_int_flag(fl, v, 1, 1 << 20);
+        else if (f == "-y") o.resume = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-b") o.B = (int)parse_int_flag(fl, v, 1, 4096);
+        else if (f == "-t") o.T = (int)parse_int_flag(fl, v, 1, 65536);
+        else if (f == "-d") o.total_batch = (int)parse_int_flag(fl, v, 1, 1 << 30);
+        else if (f == "-x") o.max_steps = (int)parse_int_flag(fl, v, 1, 1 << 30);
+        else if (f == "-l") o.lr = (float)parse_float_flag(fl, v, 0.0, 10.0);
+        else if (f == "-u") o.warmup = (int)parse_int_flag(fl, v, 0, 1 << 30);
+        else if (f == "-q") o.final_lr_frac = (float)parse_float_flag(fl, v, 0.0, 1.0);
+        else if (f == "-c") o.weight_decay = (float)parse_float_flag(fl, v, 0.0, 10.0);
+        else if (f == "-gc") o.grad_clip = (float)parse_float_flag(fl, v, 0.0, 1e6);
+        else if (f == "-v") o.val_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
+        else if (f == "-m") o.val_batches = (int)parse_int_flag(fl, v, 1, 1 << 20);
+        else if (f == "-s") o.sample_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
+        else if (f == "-g") o.gen_len = (int)parse_int_flag(fl, v, 1, 65536);
+        else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);
+        else if (f == "-sh") o.shuffle = (int)parse_int_flag(fl, v, 0, 1);
+        else fail("unknown flag %s (-h lists the flags)", argv[i]);
+    }
+    if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
+    if (o.total_batch == 0) o.total_batch = o.B * o.T;
+    if (o.total_batch % (o.B * o.T) != 0)
+        fail("-d %d: the total batch size must be a multiple of B*T = %d", o.total_batch, o.B * o.T);
+    if (o.resume && o.out_dir.empty()) fail("-y 1 resumes from the output folder: give it with -o");
+    return o;
+}
+
+// Creates the output folder if needed and proves it is writable, before any GPU work.
+static void prepare_out_dir(const std::string& dir) {
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create output folder '%s': %s", dir.c_str(), strerror(errno));
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) fail("output path '%s' is not a folder", dir.c_str());
+    const std::string probe = dir + "/.write_test";
+    std::string error;
+    const char byte = 0;
+    if (!write_file_atomic(probe, {{&byte, 1}}, &error)) fail("output folder '%s' is not writable: %s", dir.c_str(), error.c_str());
+    unlink(probe.c_str());
+}
+
+static float learning_rate(const Options& o, int step) {  // step counts from 0
+    if (step < o.warmup) return o.lr * (step + 1) / o.warmup;
+    const float span = std::max(1, o.max_steps - o.warmup);
+    const float progress = std::min(1.0f, (step - o.warmup) / span);
+    const float min_lr = o.lr * o.final_lr_frac;
+    return min_lr + 0.5f * (o.lr - min_lr) * (1.0f + std::cos(3.14159265358979f * progress));
+}
+
+static std::string format_duration(double seconds) {
+    char buf[32];
+    const long s = (long)seconds;
+    if (s >= 3600) snprintf(buf, sizeof(buf), "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else snprintf(buf, sizeof(buf), "%ldm%02lds", s / 60, s % 60);
+    return buf;
+}
+
+static double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    const Options o = parse_options(argc, argv);
+
+    // 1. Validate every input on the host.
+    HostModel host;
+    TrainState state;
+    std::string error;
+    bool resumed = false;
+    if (!o.out_dir.empty()) prepare_out_dir(o.out_dir);
+    if (o.resume) {
+        for (int step : checkpoint_steps(o.out_dir)) {
+            if (load_checkpoint(o.out_dir, step, o.B, o.T, host, state, &error)) {
+                resumed = true;
+                printf("resuming from step %d in %s\n", step, o.out_dir.c_str());
+                break;
+            }
+            fprintf(stderr, "warning: skipping checkpoint of step %d: %s\n", step, error.c_str());
+        }
+        if (!resumed) printf("no valid checkpoint in %s: starting from -e %s\n", o.out_dir.c_str(), o.model.c_str());
+    }
+    if (!resumed) {
+        GPTConfig c;
+        if (config_from_descriptor(o.model, c)) host = random_init(c, (uint64_t)o.seed);
+        else if (!read_checkpoint(o.model, host, &error)) fail("-e %s: %s", o.model.c_str(), error.c_str());
+    }
+    const GPTConfig& c = host.config;
+    if (o.T > c.maxT) fail("-t %d is larger than the model's maximum sequence length %d", o.T, c.maxT);
+    DataLoader train, val;
+    train.init(read_token_file(o.train_path, c.V), o.B, o.T, o.shuffle != 0, (uint64_t)o.seed);
+    val.init(read_token_file(o.val_path, c.V), o.B, o.T, false, 0);
+    if (resumed) {
+        if (state.loader_cursor > train.windows) fail("checkpoint data position %llu is beyond the %zu windows of '%s' (different data?)",
+                                                      (unsigned long long)state.loader_cursor, train.windows, o.train_path.c_str());
+        train.seek(state.loader_epoch, state.loader_cursor);
+    }
+    Tokenizer tokenizer;
+    const bool have_tokenizer = file_exists(o.tokenizer_path);
+    if (have_tokenizer) tokenizer = read_tokenizer(o.tokenizer_path);
+    else if (o.sample_every > 0) fprintf(stderr, "warning: no tokenizer at %s: samples print token ids\n", o.tokenizer_path.c_str());
+    if (have_tokenizer && tokenizer.vocab_size != c.V)
+        fail("tokenizer '%s' has %d tokens, the model %d", o.tokenizer_path.c_str(), tokenizer.vocab_size, c.V);
+    const int eot = have_tokenizer && tokenizer.eot_token >= 0 ? tokenizer.eot_token : c.V - 1;
+    const int accum = o.total_batch / (o.B * o.T);
+    const int val_batches = (int)std::min<size_t>(o.val_batches, val.windows);
+
+    // 2. The GPU.
+    if (!cuda_device_available()) fail("no CUDA device found (train_gpt needs a GPU)");
+    cudaDeviceProp prop;
+    cuda_check(cudaGetDeviceProperties(&prop, 0));
+    GPT m;
+    gpt_create(m, host, o.B, o.T);
+    if (resumed) {
+        cuda_check(cudaMemcpy(m.adam_m, state.adam_m.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
+        cuda_check(cudaMemcpy(m.adam_v, state.adam_v.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
+        state.adam_m = std::vector<float>(), state.adam_v = std::vector<float>();
+    }
+    host.params = std::vector<float>();
+    const size_t real_params = m.num_params - size_t(c.Vp - c.V) * c.C;
+    const double flops_per_token = 6.0 * real_params + 12.0 * c.L * c.C * o.T;
+    const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
+    printf("device: %s | precision %s | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n", prop.name,
+           PRECISION_NAME, c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
+    printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
+           "(%d batches)\n",
+           o.B, o.T, o.total_batch, accum, train.file.tokens.size(), train.windows, val.file.tokens.size(), val_batches);
+    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch\n", m.bytes_allocated / 1073741824.0);
+    FILE* log = nullptr;
+    if (!o.out_dir.empty()) {
+        const std::string log_path = o.out_dir + "/main.log";
+        log = fopen(log_path.c_str(), "a");
+        if (!log) fail("cannot open '%s' for appending: %s", log_path.c_str(), strerror(errno));
+    }
+
+    AdamWConfig adam;
+    adam.weight_decay = o.weight_decay;
+    Rng sampler(state.sampler_rng ? state.sampler_rng : (uint64_t)o.seed ^ 0x5DEECE66Dull);
+    std::vector<int> inputs, targets;
+    std::vector<double> step_ms;
+    float last_val = NAN, train_loss = NAN;
+    int bad_steps = 0, last_checkpoint = resumed ? state.step : -1;
+    size_t peak_used = 0;
+
+    auto validate = [&](int step) {
+        val.seek(0, 0);
+        double sum = 0.0;
+        for (int i = 0; i < val_batches; i++) {
+            val.next(inputs, targets);
+            gpt_set_batch(m, inputs.data(), targets.data(), o.B, o.T);
+            gpt_forward(m, o.B, o.T, true, 0.0f);
+            sum += gpt_mean_loss(m, o.B, o.T);
+        }
+        last_val = (float)(sum / val_batches);
+        printf("step %5d | val loss %.6f\n", step, last_val);
+        if (log) fprintf(log, "s:%d tel:%.6f\n", step, last_val), fflush(log);
+    };
+    auto sample = [&](int step) {
+        std::vector<int> tokens = gpt_sample(m, eot, o.gen_len, sampler);
+        printf("step %5d | sample:\n---\n", step);
+        for (size_t i = 1; i < tokens.size(); i++) {
+            if (have_tokenizer) fputs(tokenizer_decode(tokenizer, tokens[i]).c_str(), stdout);
+            else printf("%d ", tokens[i]);
+        }
+        printf("\n---\n");
+    };
+    auto checkpoint = [&](int step) {
+        state.step = step, state.loader_epoch = train.epoch, state.loader_cursor = train.cursor, state.sampler_rng = sampler.state;
+        save_checkpoint(m, o.out_dir, state, o.B, o.T);
+        prune_checkpoints(o.out_dir, o.checkpoint_keep);
+        last_checkpoint = step;
+    };
+
+    // 3. Train. `step` counts completed optimizer steps.
+    const double start = now_seconds();
+    for (int step = state.step; step < o.max_steps; step++) {
+        if (o.val_every > 0 && step % o.val_every == 0) validate(step);
+        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) sample(step);
+
+        const double t0 = now_seconds();
+        gpt_zero_grad(m);
+        double loss_sum = 0.0;
+        for (int micro = 0; micro < accum; micro++) {
+            train.next(inputs, targets);
+            gpt_set_batch(m, inputs.data(), targets.data(), o.B, o.T);
+            gpt_forward(m, o.B, o.T, true, 1.0f / (float(o.B) * o.T * accum));  // the step's loss is the mean over all its tokens
+            gpt_backward(m, o.B, o.T);
+            loss_sum += gpt_mean_loss(m, o.B, o.T);
+        }
+        train_loss = (float)(loss_sum / accum);
+        const float norm = gpt_grad_norm(m);
+        const float lr = learning_rate(o, step);
+        if (!std::isfinite(train_loss) || !std::isfinite(norm)) {
+            bad_steps++;
+            fprintf(stderr, "warning: step %d: non-finite %s, update skipped\n", step + 1, std::isfinite(train_loss) ? "grad norm" : "loss");
+            if (bad_steps >= 3)
+                fail("stopping at step %d: %d steps in a row had a non-finite loss or gradient norm (last good checkpoint: %s)",
+                     step + 1, bad_steps, last_checkpoint >= 0 ? checkpoint_path(o.out_dir, "model", last_checkpoint).c_str() : "none");
+        } else {
+            bad_steps = 0;
+            gpt_update(m, adam, lr, step + 1, clip_scale(norm, o.grad_clip));
+        }
+        cuda_check(cudaDeviceSynchronize());
+        const double ms = (now_seconds() - t0) * 1e3;
+        step_ms.push_back(ms);
+        size_t free_b = 0, total_b = 0;
+        cuda_check(cudaMemGetInfo(&free_b, &total_b));
+        peak_used = std::max(peak_used, total_b - free_b);
+        const double tok_s = o.total_batch / (ms * 1e-3);
+        const double eta = (o.max_steps - step - 1) * ms * 1e-3;
+        printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s\n", step + 1,
+               o.max_steps, train_loss, norm, lr, ms, tok_s, 100.0 * flops_per_token * tok_s / peak_flops, format_duration(eta).c_str());
+        if (log) fprintf(log, "s:%d trl:%.6f\n", step + 1, train_loss), fflush(log);
+        if (!o.out_dir.empty() && o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) checkpoint(step + 1);
+    }
+    if (o.val_every > 0) validate(o.max_steps);
+    if (o.sample_every > 0) sample(o.max_steps);
+    if (!o.out_dir.empty() && last_checkpoint != o.max_steps) checkpoint(o.max_steps);
+
+    // Summary: median step time after warm-up (the first steps include cuBLAS heuristics and caches).
+    std::vector<double> steady(step_ms.begin() + std::min<size_t>(step_ms.size() / 4, 5), step_ms.end());
+    std::sort(steady.begin(), steady.end());
+    const double median_ms = steady.empty() ? NAN : steady[steady.size() / 2];
+    printf("done: %d steps in %s | final train loss %.6f | val loss %.6f | median step %.1f ms = %.0f tok/s | "
+           "peak GPU memory %.2f GiB\n",
+           (int)step_ms.size(), format_duration(now_seconds() - start).c_str(), train_loss, last_val, median_ms,
+           o.total_batch / (median_ms * 1e-3), peak_used / 1073741824.0);
+    if (log) fclose(log);
+    gpt_free(m);
+    return 0;
+}
+#endif
