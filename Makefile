@@ -74,3 +74,27 @@ train: train_gpt_$(PRECISION_SUFFIX) build/python
 
 clean:
 	rm -rf build $(PROGRAMS) train_gpt_bf16 train_gpt_fp32 test_gpt_bf16 test_gpt_fp32
+
+# ---------------------------------------------------------------------------------------------
+# LayerNorm C API: a shared library over layernorm.cuh and the labs' CPU reference, for Python's
+# ctypes (dev/cuda/layernorm_vs_torch.py, test/test_layernorm_reference.py). Its source lives in
+# dev/layernorm/, not dev/cuda/, where every .cu becomes a program. The labs also include the
+# reference there, hence the extra prerequisites.
+LAYERNORM_DEV := $(wildcard dev/layernorm/*.cuh)
+build/liblayernorm_capi.so: dev/layernorm/layernorm_capi.cu $(LAYERNORM_DEV) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
+all: build/liblayernorm_capi.so
+dev/cuda/layernorm_forward dev/cuda/layernorm_backward: $(LAYERNORM_DEV)
+
+# ---------------------------------------------------------------------------------------------
+# Attention C API: a shared library over flash_attention.cuh for Python's ctypes
+# (dev/cuda/attention_vs_torch.py). Its source lives in dev/attention/, not dev/cuda/, where every
+# .cu becomes a program (and everything else is git-ignored). The attention labs include the shared
+# lab header there, hence the extra prerequisites.
+ATTENTION_DEV := $(wildcard dev/attention/*.cuh)
+build/libattention_capi.so: dev/attention/attention_capi.cu $(ATTENTION_DEV) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
+all: build/libattention_capi.so
+dev/cuda/attention_forward dev/cuda/attention_backward: $(ATTENTION_DEV)

@@ -27,8 +27,7 @@
 //     one read of x (128-bit streaming loads, all issued before the first use), a two-pass
 //     mean/variance on the registers (numerically safe for rows with a large mean), one write.
 //     A row group of 32 * WPR threads owns a row; WPR (warps per row) grows with C so that each thread
-//     holds at most 32 columns (forward) or 16 columns (backward; in bf16 each row group works on two
-//     rows at once, to keep as many bytes in flight as fp32); row groups inside a block sync
+//     holds at most 32 columns (forward) or 16 columns (backward); row groups inside a block sync
 //     with their own named barrier, so they never wait for each other. The general path (any C >= 1,
 //     any alignment, any size) uses one block per row (forward) or a persistent grid of blocks
 //     (backward) with scalar accesses and re-reads the row from L1/L2 between passes.
@@ -206,24 +205,18 @@ __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, vector path: persistent grid; each row group takes rows group, group + ROWS, ... (RIF of
-// them at once, see backward_rows_in_flight), then skips ahead by P * ROWS * RIF;
+// Backward, vector path: persistent grid; each row group takes rows group, group + ROWS * P, ...;
 // a thread owns the same 16 columns for every row, so its weights and dweight/dbias sums stay in
 // registers. At the end the block's row groups fold their sums in smem in a fixed order and the
 // block writes one partial row (dweight sums in [0, C), dbias sums in [C, 2C)) to the scratch.
-
-// Rows a row group works on at once (loads of all of them in flight together). bf16 holds half the
-// bytes per column, so a thread's 16 columns are only 32 bytes per array: two rows at once give it as
-// many bytes in flight as fp32 has with one, for the same registers.
-template <typename T> __host__ __device__ constexpr int backward_rows_in_flight() { return sizeof(T) == 2 ? 2 : 1; }
 
 template <typename T, int WPR>
 __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
     layernorm_backward_vec_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
                                   const float* mean, const float* rstd, int N, int C) {
     constexpr int BLOCK = backward_block_threads<WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
-    constexpr int K = kBackwardColsPerThread / VS, RIF = backward_rows_in_flight<T>();
-    __shared__ float2 buf[2][RIF][BLOCK / 32];
+    constexpr int K = kBackwardColsPerThread / VS;
+    __shared__ float2 buf[2][BLOCK / 32];
     extern __shared__ float fold[];  // [2 * C], only when ROWS > 1
     const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
     const int nvec = C / VS;
@@ -242,56 +235,41 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
     }
 
     int parity = 0;
-    for (int base = blockIdx.x * ROWS * RIF; base < N; base += gridDim.x * ROWS * RIF, parity ^= 1) {
-        // RIF rows per row group per iteration: all their loads are issued before the first use.
-        int rowc[RIF];
-        bool active[RIF];
-        Vec128<T> xv[RIF][K], dyv[RIF][K], dxv[RIF][K];
+    for (int base = blockIdx.x * ROWS; base < N; base += gridDim.x * ROWS, parity ^= 1) {
+        const int row = base + group;
+        const bool active = row < N;
+        const int rowc = active ? row : N - 1;
+        const size_t offset = size_t(rowc) * C;
+        Vec128<T> xv[K], dyv[K], dxv[K];
 #pragma unroll
-        for (int q = 0; q < RIF; q++) {
-            const int row = base + q * ROWS + group;
-            active[q] = row < N;
-            rowc[q] = active[q] ? row : N - 1;
-            const size_t offset = size_t(rowc[q]) * C;
-#pragma unroll
-            for (int k = 0; k < K; k++) {
-                const int i = k * TPR + t;
-                if (i < nvec) {
-                    xv[q][k] = Vec128<T>::load_stream(inp + offset + size_t(i) * VS);
-                    dyv[q][k] = Vec128<T>::load_stream(dout + offset + size_t(i) * VS);
-                    dxv[q][k] = Vec128<T>::load_stream(dinp + offset + size_t(i) * VS);
-                }
+        for (int k = 0; k < K; k++) {
+            const int i = k * TPR + t;
+            if (i < nvec) {
+                xv[k] = Vec128<T>::load_stream(inp + offset + size_t(i) * VS);
+                dyv[k] = Vec128<T>::load_stream(dout + offset + size_t(i) * VS);
+                dxv[k] = Vec128<T>::load_stream(dinp + offset + size_t(i) * VS);
             }
         }
-        float m[RIF], s[RIF];
-        float2 sums[RIF];
+        const float m = mean[rowc], s = rstd[rowc];
+        float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
-        for (int q = 0; q < RIF; q++) {
-            m[q] = mean[rowc[q]], s[q] = rstd[rowc[q]];
-            sums[q] = make_float2(0.0f, 0.0f);
+        for (int k = 0; k < K; k++) {
+            if (k * TPR + t < nvec) {
 #pragma unroll
-            for (int k = 0; k < K; k++) {
-                if (k * TPR + t < nvec) {
-#pragma unroll
-                    for (int j = 0; j < VS; j++) {
-                        const float n = (to_float(xv[q][k][j]) - m[q]) * s[q], dy = to_float(dyv[q][k][j]), g = w[k][j] * dy;
-                        sums[q].x += g;
-                        sums[q].y += g * n;
-                        if (active[q]) {  // rows in a fixed order: deterministic
-                            dw[k][j] += n * dy;
-                            db[k][j] += dy;
-                        }
+                for (int j = 0; j < VS; j++) {
+                    const float n = (to_float(xv[k][j]) - m) * s, dy = to_float(dyv[k][j]), g = w[k][j] * dy;
+                    sums.x += g;
+                    sums.y += g * n;
+                    if (active) {
+                        dw[k][j] += n * dy;
+                        db[k][j] += dy;
                     }
                 }
             }
         }
-#pragma unroll
-        for (int q = 0; q < RIF; q++) sums[q] = row_group_sum2<WPR, BLOCK>(sums[q], buf[parity][q]);
-#pragma unroll
-        for (int q = 0; q < RIF; q++) {
-            if (!active[q]) continue;
-            const float mean_g = sums[q].x / C, mean_gn = sums[q].y / C;
-            const size_t offset = size_t(rowc[q]) * C;
+        sums = row_group_sum2<WPR, BLOCK>(sums, buf[parity]);
+        const float mean_g = sums.x / C, mean_gn = sums.y / C;
+        if (active) {
 #pragma unroll
             for (int k = 0; k < K; k++) {
                 const int i = k * TPR + t;
@@ -299,8 +277,8 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
                     Vec128<T> dx;
 #pragma unroll
                     for (int j = 0; j < VS; j++) {
-                        const float n = (to_float(xv[q][k][j]) - m[q]) * s[q], g = w[k][j] * to_float(dyv[q][k][j]);
-                        dx[j] = from_float<T>(to_float(dxv[q][k][j]) + s[q] * (g - mean_g - n * mean_gn));
+                        const float n = (to_float(xv[k][j]) - m) * s, g = w[k][j] * to_float(dyv[k][j]);
+                        dx[j] = from_float<T>(to_float(dxv[k][j]) + s * (g - mean_g - n * mean_gn));
                     }
                     dx.store(dinp + offset + size_t(i) * VS);
                 }
@@ -461,7 +439,7 @@ template <typename T, int WPR> inline int backward_vec_grid(int N, int C) {
     const size_t smem = ROWS > 1 ? size_t(2) * C * sizeof(float) : 0;
     int per_sm = 0;
     cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layernorm_backward_vec_kernel<T, WPR>, BLOCK, smem));
-    const int groups = (N + ROWS * backward_rows_in_flight<T>() - 1) / (ROWS * backward_rows_in_flight<T>());
+    const int groups = (N + ROWS - 1) / ROWS;
     return std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count()));
 }
 

@@ -43,7 +43,7 @@ run_test() {
 
 check_built() {
     local p=0 f=0
-    for prog in $(make -s list-programs); do
+    for prog in $(MAKEFLAGS= make -s list-programs); do
         if [[ -x "$prog" ]]; then echo "  compiled: $prog"; p=$((p + 1))
         else echo "  NOT BUILT: $prog"; f=$((f + 1)); fi
     done
@@ -55,7 +55,7 @@ run_test "every CUDA program compiles" check_built
 for t in test/test_*.py; do [[ -e "$t" ]] && run_test "$t" "$PYTHON" "$t"; done
 for t in test/test_*.sh; do [[ -e "$t" ]] && run_test "$t" bash "$t"; done
 for t in build/test/test_*; do [[ -x "$t" ]] && run_test "$t" "$t"; done
-for t in $(make -s list-programs); do
+for t in $(MAKEFLAGS= make -s list-programs); do
     [[ "$t" == dev/cuda/* ]] && run_test "$t --check" "./$t" --check
 done
 

@@ -1,0 +1,619 @@
+// layernorm_backward.cu: the LayerNorm backward laboratory. Numbered versions retrace how the kernel
+// got fast; the last one is the header's layernorm_backward (layernorm.cuh), so the lab measures what
+// training runs. Every version is validated against the double-precision CPU reference
+// (dev/layernorm/layernorm_reference.cuh) at many shapes, then benchmarked.
+//
+//   make dev/cuda/layernorm_backward
+//   ./dev/cuda/layernorm_backward           validate, then benchmark every version, fp32 and bf16
+//   ./dev/cuda/layernorm_backward 6 7       only versions 6 and 7
+//   ./dev/cuda/layernorm_backward --check   validation only (what CI runs; skips without a GPU)
+//
+// Contract (every version): dx += dL/dx, dweight += sum over rows, dbias += sum over rows, from the
+// forward's cached mean and rstd. Versions 1..5 sum dweight/dbias with fp32 atomics into an fp32
+// buffer the lab zeroes first, then one small kernel adds it into dweight/dbias (T); both are inside
+// the timing. Only versions 6 and 7 are deterministic.
+//   1  one thread per row: two passes over its row (the two row sums, then dx), one atomicAdd per
+//      element for dweight and dbias. Uncoalesced (a warp touches 32 rows) and 2 N C atomics
+//      contending on C addresses.
+//   2  one warp per row: coalesced loads, cooperative-groups warp reductions. Same atomics.
+//   3  version 2 with the row's dout staged in shared memory on the first pass, so the second pass
+//      reads dout from shared memory, not global memory. Needs C * sizeof(T) <= 96 KiB (one warp's
+//      row per block slot); longer rows run version 2 (the lab says so).
+//   4  one 1024-thread block per row: 32x the threads of a warp per row, for long rows; block
+//      reductions through shared memory. Same atomics.
+//   5  several rows per block (8 warps, a warp per row, a grid of 2 blocks per SM striding over the
+//      rows): dweight/dbias partials accumulate in shared memory (shared-memory atomics, cheap and
+//      spread over 32 banks), and each block adds its partial row with ONE global atomic per column.
+//      Needs 2 C floats of shared memory (C <= 16384); longer rows run version 4 (the lab says so).
+//   6  deterministic two-stage reduction: a persistent grid of 256-thread blocks, one row at a time
+//      per block; each thread owns the same columns for every row, so its dweight/dbias sums go to
+//      the block's own partial row in a scratch buffer with plain read-modify-writes (no atomics);
+//      a finalize kernel sums the partial rows in a fixed order. Same bits every run.
+//   7  the header's layernorm_backward: fused and vectorized. Row groups of 32 * WPR threads sized by
+//      C, x / dy / dx each read once with 128-bit streaming loads into registers (16 columns per
+//      thread, all loads issued before the first use), dweight/dbias sums in registers across all
+//      the block's rows, one partial row per block, fixed-order finalize. Deterministic. A scalar
+//      general path for any C and alignment.
+//
+// Bandwidth: backward bytes = 4*N*C*sizeof(T) (read x, dy, dx; write dx) + 8*N (mean, rstd); weight,
+// dweight, dbias and the partials (P x 2C floats) are small next to it and left out. Reported as a
+// fraction of a device-to-device copy measured in the same run.
+
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+
+#include <string>
+
+#include "common.cuh"
+#include "dev/layernorm/layernorm_reference.cuh"
+#include "layernorm.cuh"
+
+namespace cg = cooperative_groups;
+
+constexpr int kNumVersions = 7;
+
+// ---------------------------------------------------------------------------------------------
+// Version 1: one thread per row, atomics.
+
+template <typename T>
+__global__ void layernorm_backward_kernel1(T* dinp, float* dweight_f, float* dbias_f, const T* dout, const T* inp,
+                                           const T* weight, const float* mean, const float* rstd, int N, int C) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= N) return;
+    const size_t off = size_t(row) * C;
+    const float m = mean[row], s = rstd[row];
+    float sum_g = 0.0f, sum_gn = 0.0f;
+    for (int c = 0; c < C; c++) {
+        const float n = (to_float(inp[off + c]) - m) * s, g = to_float(weight[c]) * to_float(dout[off + c]);
+        sum_g += g;
+        sum_gn += g * n;
+    }
+    const float mean_g = sum_g / C, mean_gn = sum_gn / C;
+    for (int c = 0; c < C; c++) {
+        const float n = (to_float(inp[off + c]) - m) * s, dy = to_float(dout[off + c]), g = to_float(weight[c]) * dy;
+        dinp[off + c] = from_float<T>(to_float(dinp[off + c]) + s * (g - mean_g - n * mean_gn));
+        atomicAdd(&dweight_f[c], n * dy);
+        atomicAdd(&dbias_f[c], dy);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 2: one warp per row. Version 3: the same with dout staged in shared memory.
+
+template <typename T, bool STAGE>
+__global__ void layernorm_backward_kernel2(T* dinp, float* dweight_f, float* dbias_f, const T* dout, const T* inp,
+                                           const T* weight, const float* mean, const float* rstd, int N, int C) {
+    extern __shared__ unsigned char smem_raw[];
+    cg::thread_block block = cg::this_thread_block();
+    cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);
+    const int row = blockIdx.x * (blockDim.x / 32) + warp.meta_group_rank();
+    if (row >= N) return;
+    T* dy_row = reinterpret_cast<T*>(smem_raw) + size_t(warp.meta_group_rank()) * C;  // STAGE only
+    const size_t off = size_t(row) * C;
+    const float m = mean[row], s = rstd[row];
+    float sum_g = 0.0f, sum_gn = 0.0f;
+    for (int c = warp.thread_rank(); c < C; c += 32) {
+        const T dyt = dout[off + c];
+        if constexpr (STAGE) dy_row[c] = dyt;
+        const float n = (to_float(inp[off + c]) - m) * s, g = to_float(weight[c]) * to_float(dyt);
+        sum_g += g;
+        sum_gn += g * n;
+    }
+    const float mean_g = cg::reduce(warp, sum_g, cg::plus<float>()) / C;
+    const float mean_gn = cg::reduce(warp, sum_gn, cg::plus<float>()) / C;
+    // Each lane reads back only what it staged itself: no barrier needed.
+    for (int c = warp.thread_rank(); c < C; c += 32) {
+        const float dy = to_float(STAGE ? dy_row[c] : dout[off + c]);
+        const float n = (to_float(inp[off + c]) - m) * s, g = to_float(weight[c]) * dy;
+        dinp[off + c] = from_float<T>(to_float(dinp[off + c]) + s * (g - mean_g - n * mean_gn));
+        atomicAdd(&dweight_f[c], n * dy);
+        atomicAdd(&dbias_f[c], dy);
+    }
+}
+
+constexpr size_t kV3MaxSmem = 96 * 1024;
+template <typename T> int version3_warps(int C) {
+    const size_t row_bytes = size_t(C) * sizeof(T);
+    if (row_bytes > kV3MaxSmem) return 0;
+    return (int)std::min<size_t>(8, kV3MaxSmem / row_bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 4: one 1024-thread block per row.
+
+__device__ float2 block_sum2(float2 v, float2* shared) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) v.x += __shfl_xor_sync(0xffffffffu, v.x, o), v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float2 total = make_float2(0.0f, 0.0f);
+    for (int w = 0; w < warps; w++) total.x += shared[w].x, total.y += shared[w].y;
+    __syncthreads();
+    return total;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    layernorm_backward_kernel4(T* dinp, float* dweight_f, float* dbias_f, const T* dout, const T* inp, const T* weight,
+                               const float* mean, const float* rstd, int N, int C) {
+    __shared__ float2 shared[32];
+    const int row = blockIdx.x;
+    const size_t off = size_t(row) * C;
+    const float m = mean[row], s = rstd[row];
+    float2 sums = make_float2(0.0f, 0.0f);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float n = (to_float(inp[off + c]) - m) * s, g = to_float(weight[c]) * to_float(dout[off + c]);
+        sums.x += g;
+        sums.y += g * n;
+    }
+    sums = block_sum2(sums, shared);
+    const float mean_g = sums.x / C, mean_gn = sums.y / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float n = (to_float(inp[off + c]) - m) * s, dy = to_float(dout[off + c]), g = to_float(weight[c]) * dy;
+        dinp[off + c] = from_float<T>(to_float(dinp[off + c]) + s * (g - mean_g - n * mean_gn));
+        atomicAdd(&dweight_f[c], n * dy);
+        atomicAdd(&dbias_f[c], dy);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 5: several rows per block, shared-memory partials, one global atomic per column per block.
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    layernorm_backward_kernel5(T* dinp, float* dweight_f, float* dbias_f, const T* dout, const T* inp, const T* weight,
+                               const float* mean, const float* rstd, int N, int C) {
+    extern __shared__ float partial[];  // [2 * C]: dweight sums, then dbias sums
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) partial[c] = 0.0f;
+    __syncthreads();
+    cg::thread_block block = cg::this_thread_block();
+    cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);
+    const int warps = blockDim.x / 32;
+    for (int row = blockIdx.x * warps + warp.meta_group_rank(); row < N; row += gridDim.x * warps) {
+        const size_t off = size_t(row) * C;
+        const float m = mean[row], s = rstd[row];
+        float sum_g = 0.0f, sum_gn = 0.0f;
+        for (int c = warp.thread_rank(); c < C; c += 32) {
+            const float n = (to_float(inp[off + c]) - m) * s, g = to_float(weight[c]) * to_float(dout[off + c]);
+            sum_g += g;
+            sum_gn += g * n;
+        }
+        const float mean_g = cg::reduce(warp, sum_g, cg::plus<float>()) / C;
+        const float mean_gn = cg::reduce(warp, sum_gn, cg::plus<float>()) / C;
+        for (int c = warp.thread_rank(); c < C; c += 32) {
+            const float n = (to_float(inp[off + c]) - m) * s, dy = to_float(dout[off + c]), g = to_float(weight[c]) * dy;
+            dinp[off + c] = from_float<T>(to_float(dinp[off + c]) + s * (g - mean_g - n * mean_gn));
+            atomicAdd(&partial[c], n * dy);
+            atomicAdd(&partial[C + c], dy);
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        atomicAdd(&dweight_f[c], partial[c]);
+        atomicAdd(&dbias_f[c], partial[C + c]);
+    }
+}
+
+constexpr int kV5MaxC = 16384;  // 2 C floats = 128 KiB of shared memory
+
+// ---------------------------------------------------------------------------------------------
+// Version 6: deterministic two-stage reduction through a scratch buffer.
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    layernorm_backward_kernel6(T* dinp, float* partials, const T* dout, const T* inp, const T* weight, const float* mean,
+                               const float* rstd, int N, int C) {
+    __shared__ float2 shared[32];
+    float* pw = partials + size_t(blockIdx.x) * 2 * C;  // this block's partial row: [dweight sums | dbias sums]
+    float* pb = pw + C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) pw[c] = pb[c] = 0.0f;
+    for (int row = blockIdx.x; row < N; row += gridDim.x) {
+        const size_t off = size_t(row) * C;
+        const float m = mean[row], s = rstd[row];
+        float2 sums = make_float2(0.0f, 0.0f);
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float n = (to_float(inp[off + c]) - m) * s, g = to_float(weight[c]) * to_float(dout[off + c]);
+            sums.x += g;
+            sums.y += g * n;
+        }
+        sums = block_sum2(sums, shared);
+        const float mean_g = sums.x / C, mean_gn = sums.y / C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float n = (to_float(inp[off + c]) - m) * s, dy = to_float(dout[off + c]), g = to_float(weight[c]) * dy;
+            dinp[off + c] = from_float<T>(to_float(dinp[off + c]) + s * (g - mean_g - n * mean_gn));
+            pw[c] += n * dy;  // column c belongs to this thread in every row: no race
+            pb[c] += dy;
+        }
+    }
+}
+
+// Sums P partial rows per column in a fixed order and adds them into dweight/dbias.
+template <typename T>
+__global__ void layernorm_backward_finalize6(T* dweight, T* dbias, const float* partials, int P, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float w = 0.0f, b = 0.0f;
+    for (int p = 0; p < P; p++) w += partials[size_t(p) * 2 * C + c], b += partials[size_t(p) * 2 * C + C + c];
+    dweight[c] = from_float<T>(to_float(dweight[c]) + w);
+    dbias[c] = from_float<T>(to_float(dbias[c]) + b);
+}
+
+// Versions 1..5: adds the fp32 atomic sums into dweight/dbias (T).
+template <typename T> __global__ void add_sums_kernel(T* dweight, T* dbias, const float* dweight_f, const float* dbias_f, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < C) {
+        dweight[c] = from_float<T>(to_float(dweight[c]) + dweight_f[c]);
+        dbias[c] = from_float<T>(to_float(dbias[c]) + dbias_f[c]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch. `scratch` holds max(2 C floats, version 6's partials, the header's scratch). Returns a
+// note when a version ran another version's kernel on a shape it cannot hold.
+
+inline int sm_count() { return layernorm_detail::device_sm_count(); }
+inline int version6_partials(int N) { return std::max(1, std::min(N, 2 * sm_count())); }
+
+inline size_t lab_scratch_bytes(int N, int C) {
+    return std::max({size_t(2) * C * sizeof(float), size_t(version6_partials(N)) * 2 * C * sizeof(float),
+                     layernorm_backward_scratch_bytes(N, C)});
+}
+
+template <typename T>
+const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int N, int C) {
+    float* dw_f = static_cast<float*>(scratch);
+    float* db_f = dw_f + C;
+    const char* note = nullptr;
+    if (version >= 1 && version <= 5) cuda_check(cudaMemsetAsync(scratch, 0, size_t(2) * C * sizeof(float)));
+    if (version == 3 && !version3_warps<T>(C)) version = 2, note = "v3 n/a here (row too long for shared memory), ran v2";
+    if (version == 5 && C > kV5MaxC) version = 4, note = "v5 n/a here (partials too long for shared memory), ran v4";
+    switch (version) {
+        case 1:
+            layernorm_backward_kernel1<T><<<(N + 127) / 128, 128>>>(dinp, dw_f, db_f, dout, inp, weight, mean, rstd, N, C);
+            break;
+        case 2:
+            layernorm_backward_kernel2<T, false><<<(N + 7) / 8, 256>>>(dinp, dw_f, db_f, dout, inp, weight, mean, rstd, N, C);
+            break;
+        case 3: {
+            const int warps = version3_warps<T>(C);
+            const size_t smem = size_t(warps) * C * sizeof(T);
+            cuda_check(cudaFuncSetAttribute(layernorm_backward_kernel2<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            layernorm_backward_kernel2<T, true><<<(N + warps - 1) / warps, 32 * warps, smem>>>(dinp, dw_f, db_f, dout, inp, weight,
+                                                                                              mean, rstd, N, C);
+            break;
+        }
+        case 4:
+            layernorm_backward_kernel4<T><<<N, 1024>>>(dinp, dw_f, db_f, dout, inp, weight, mean, rstd, N, C);
+            break;
+        case 5: {
+            const size_t smem = size_t(2) * C * sizeof(float);
+            cuda_check(cudaFuncSetAttribute(layernorm_backward_kernel5<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            const int grid = std::max(1, std::min((N + 7) / 8, 2 * sm_count()));
+            layernorm_backward_kernel5<T><<<grid, 256, smem>>>(dinp, dw_f, db_f, dout, inp, weight, mean, rstd, N, C);
+            break;
+        }
+        case 6: {
+            const int P = version6_partials(N);
+            layernorm_backward_kernel6<T><<<P, 256>>>(dinp, dw_f, dout, inp, weight, mean, rstd, N, C);
+            cuda_check_launch();
+            layernorm_backward_finalize6<T><<<(C + 255) / 256, 256>>>(dweight, dbias, dw_f, P, C);
+            break;
+        }
+        case 7:
+            layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C);
+            break;
+        default:
+            fail("backward version %d does not exist (1..%d)", version, kNumVersions);
+    }
+    cuda_check_launch();
+    if (version <= 5) {
+        add_sums_kernel<T><<<(C + 255) / 256, 256>>>(dweight, dbias, dw_f, db_f, C);
+        cuda_check_launch();
+    }
+    return note;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs: reproducible pseudo-random numbers (splitmix64).
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    float uniform(float lo, float hi) { return lo + (hi - lo) * float((next() >> 40) * (1.0 / 16777216.0)); }
+};
+
+// Row r of x: offset_r + scale_r * U(-1, 1), offset in [-2, 2] (0 for every fourth row), scale in [1, 2].
+template <typename T> void fill_rows(std::vector<T>& x, int N, int C, Rng& rng) {
+    for (int n = 0; n < N; n++) {
+        const float offset = n % 4 == 0 ? 0.0f : rng.uniform(-2.0f, 2.0f), scale = rng.uniform(1.0f, 2.0f);
+        for (int c = 0; c < C; c++) x[size_t(n) * C + c] = from_float<T>(offset + scale * rng.uniform(-1.0f, 1.0f));
+    }
+}
+template <typename T> void fill_uniform(std::vector<T>& x, float lo, float hi, Rng& rng) {
+    for (auto& v : x) v = from_float<T>(rng.uniform(lo, hi));
+}
+
+// Device buffer of n elements of T, `shift` elements past a 256-byte aligned allocation (shift = 1
+// makes the 16-byte vector paths unusable, exercising the general paths).
+template <typename T> struct DeviceBuffer {
+    void* base = nullptr;
+    T* ptr = nullptr;
+    size_t n = 0;
+    DeviceBuffer(size_t n_, int shift, const char* what) : n(n_) {
+        base = device_malloc((n + 1) * sizeof(T), what);
+        ptr = static_cast<T*>(base) + shift;
+    }
+    ~DeviceBuffer() { cudaFree(base); }
+    void upload(const std::vector<T>& h) { cuda_check(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+    std::vector<T> download() const {
+        std::vector<T> h(n);
+        cuda_check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    void poison() { cuda_check(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // all-ones bytes: NaN in fp32 and bf16
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tolerances.
+//
+// dx (fp32): dx = dx0 + s * (g - mean(g) - n * mean(g n)); the two row sums are fp32 reductions over
+// C values: each thread sequentially over L = C / (threads per row) values (error ~ sqrt(L) ulps for
+// random rounding), then a tree (log2 C levels at most); |n| <= 4 for our inputs amplifies them a
+// few times, and every term of dx is scaled by s = rstd, which is 1/sqrt(1e-5) = 316 for a row of
+// zero variance (C = 1): there g - mean(g) cancels to a product's rounding error (FMA contraction may
+// round g differently in the two passes) times 316. Bound: 32 * (sqrt(L) + log2(C) + 1) fp32 ulps,
+// relative, and that times max(1, max rstd) absolute.
+// dx (bf16): stored rounded to bf16: 1 bf16 ulp (2^-8) relative, plus the fp32 bound.
+// dweight / dbias: sums over N rows of n * dy and dy (plus the initial value), so the bound grows
+// with N. An fp32 sum of N terms, in any order (fixed chains, trees, or atomics), is off by at most a
+// chain length of ulps of sum |terms|; for random rounding the chains grow like sqrt(N) (a sequential
+// chain, e.g. one block's rows or an atomic order) plus log2(N) (tree levels). Bound, absolute:
+// 4 * (sqrt(N) + log2(N) + 1) fp32 ulps of the largest column's sum over rows of |term| (+1 for the
+// initial value). bf16 adds 1 bf16 ulp (2^-8) relative for the final rounding of dweight/dbias.
+
+inline double fp32_tol(int C, int threads_per_row) {
+    const double L = std::ceil(double(C) / threads_per_row);
+    return 32.0 * (std::sqrt(L) + std::log2(double(C)) + 1.0) * std::ldexp(1.0, -23);
+}
+
+inline int threads_per_row(int version, int C) {
+    switch (version) {
+        case 1: return 1;
+        case 2: case 3: case 5: return 32;
+        case 4: return 1024;
+        case 6: return 256;
+        default: return std::max(32, std::min(256, C / 64));  // header: 32..512 threads (vector), 256 (general)
+    }
+}
+
+struct Shape {
+    int N, C;
+};
+const Shape kCheckShapes[] = {{1, 768},  {7, 1},     {5, 33},    {64, 768},  {33, 1000}, {16, 1600}, {300, 1024},
+                              {9, 4100}, {4, 16384}, {2, 65536}, {1, 65536}, {2048, 64}, {37, 3072}, {5000, 768}};
+
+// One (version, dtype, shape, alignment). With `determinism`, also runs the version twice more from
+// the same inputs and compares every output bit for bit.
+template <typename T> bool check_one(int version, int N, int C, int shift, uint64_t seed, bool determinism) {
+    const size_t NC = size_t(N) * C;
+    Rng rng(seed);
+    std::vector<T> x(NC), dy(NC), dx0(NC), w(C), b(C), dw0(C), db0(C);
+    fill_rows(x, N, C, rng);
+    fill_uniform(dy, -1.0f, 1.0f, rng);
+    fill_uniform(dx0, -1.0f, 1.0f, rng);  // accumulate contract: start from non-zero gradients
+    fill_uniform(w, 0.5f, 1.5f, rng);
+    fill_uniform(b, -0.5f, 0.5f, rng);
+    fill_uniform(dw0, -1.0f, 1.0f, rng);
+    fill_uniform(db0, -1.0f, 1.0f, rng);
+
+    // Statistics from the reference forward, rounded to fp32 as the forward stores them; the
+    // reference backward uses those same fp32 values.
+    std::vector<double> y(NC), mean_d(N), rstd_d(N);
+    layernorm_forward_reference(y.data(), mean_d.data(), rstd_d.data(), x.data(), w.data(), b.data(), N, C);
+    std::vector<float> mean(N), rstd(N);
+    for (int n = 0; n < N; n++) mean[n] = (float)mean_d[n], rstd[n] = (float)rstd_d[n];
+    std::vector<double> ref_dx(NC), ref_dw(C), ref_db(C), abs_dw(C, 0.0), abs_db(C, 0.0);
+    for (size_t i = 0; i < NC; i++) ref_dx[i] = to_double(dx0[i]);
+    for (int c = 0; c < C; c++) ref_dw[c] = to_double(dw0[c]), ref_db[c] = to_double(db0[c]);
+    layernorm_backward_reference(ref_dx.data(), ref_dw.data(), ref_db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                                 rstd.data(), N, C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            const double d = to_double(dy[size_t(n) * C + c]);
+            abs_dw[c] += std::fabs((to_double(x[size_t(n) * C + c]) - mean[n]) * rstd[n] * d);
+            abs_db[c] += std::fabs(d);
+        }
+
+    DeviceBuffer<T> d_x(NC, shift, "x"), d_dy(NC, shift, "dy"), d_dx(NC, shift, "dx"), d_w(C, shift, "weight");
+    DeviceBuffer<T> d_dw(C, shift, "dweight"), d_db(C, shift, "dbias");
+    DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
+    DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), 0, "scratch");
+    d_x.upload(x), d_dy.upload(dy), d_w.upload(w);
+    cuda_check(cudaMemcpy(d_mean.ptr, mean.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpy(d_rstd.ptr, rstd.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    d_scratch.poison();  // the header's contract: scratch needs no zeroing
+
+    std::vector<T> got_dx[3], got_dw[3], got_db[3];
+    const int runs = determinism ? 3 : 1;
+    const char* note = nullptr;
+    for (int r = 0; r < runs; r++) {
+        d_dx.upload(dx0), d_dw.upload(dw0), d_db.upload(db0);
+        note = run_version<T>(version, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr,
+                              d_rstd.ptr, N, C);
+        cuda_check(cudaDeviceSynchronize());
+        got_dx[r] = d_dx.download(), got_dw[r] = d_dw.download(), got_db[r] = d_db.download();
+    }
+    if (note) printf("  (%s)\n", note);
+
+    const bool bf16 = sizeof(T) == 2;
+    const double ulp_bf16 = std::ldexp(1.0, -8), eps32 = std::ldexp(1.0, -23);
+    const double tol = fp32_tol(C, threads_per_row(version, C));
+    const double sum_tol = 4.0 * (std::sqrt(double(N)) + std::log2(double(N)) + 1.0) * eps32;
+    const double max_abs_dw = *std::max_element(abs_dw.begin(), abs_dw.end()) + 1.0;  // + |initial value|
+    const double max_abs_db = *std::max_element(abs_db.begin(), abs_db.end()) + 1.0;
+    bool ok = true;
+    const double max_rstd = std::max(1.0f, *std::max_element(rstd.begin(), rstd.end()));
+    ok &= check_close("dx", got_dx[0].data(), ref_dx.data(), NC, tol * max_rstd, bf16 ? ulp_bf16 + tol : tol);
+    ok &= check_close("dweight", got_dw[0].data(), ref_dw.data(), C, sum_tol * max_abs_dw, bf16 ? ulp_bf16 : 0.0);
+    ok &= check_close("dbias", got_db[0].data(), ref_db.data(), C, sum_tol * max_abs_db, bf16 ? ulp_bf16 : 0.0);
+    if (determinism) {
+        bool same = true;
+        for (int r = 1; r < runs; r++)
+            same &= memcmp(got_dx[r].data(), got_dx[0].data(), NC * sizeof(T)) == 0 &&
+                    memcmp(got_dw[r].data(), got_dw[0].data(), C * sizeof(T)) == 0 &&
+                    memcmp(got_db[r].data(), got_db[0].data(), C * sizeof(T)) == 0;
+        printf("  %-40s %s  (3 runs from the same inputs, dx/dweight/dbias compared bit for bit)\n", "deterministic",
+               same ? "ok  " : "FAIL");
+        ok &= same;
+    }
+    return ok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark.
+
+template <typename T> void benchmark(const std::vector<int>& versions, int N, const std::vector<int>& Cs, double copy_gbs) {
+    printf("\nLayerNorm backward benchmark, %s, N = %d (median of many runs after warm-up)\n", dtype_name<T>(), N);
+    printf("  bytes = 4*N*C*sizeof(T) (read x, dy, dx; write dx) + 8*N (mean, rstd)\n");
+    printf("  %-8s %-6s %-8s %10s %10s %8s\n", "version", "dtype", "C", "time (us)", "GB/s", "% copy");
+    for (int C : Cs) {
+        const size_t NC = size_t(N) * C;
+        Rng rng(99 + C);
+        std::vector<T> h(NC), w(C);
+        fill_rows(h, N, C, rng);
+        fill_uniform(w, 0.5f, 1.5f, rng);
+        DeviceBuffer<T> d_x(NC, 0, "x"), d_dy(NC, 0, "dy"), d_dx(NC, 0, "dx"), d_w(C, 0, "weight"), d_dw(C, 0, "dweight"),
+            d_db(C, 0, "dbias"), d_out(NC, 0, "forward out");
+        DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
+        DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), 0, "scratch");
+        d_x.upload(h), d_dy.upload(h), d_w.upload(w);
+        cuda_check(cudaMemset(d_dx.ptr, 0, NC * sizeof(T)));
+        cuda_check(cudaMemset(d_dw.ptr, 0, C * sizeof(T)));
+        cuda_check(cudaMemset(d_db.ptr, 0, C * sizeof(T)));
+        layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr, d_w.ptr, N, C);  // real statistics
+        const double bytes = 4.0 * NC * sizeof(T) + 8.0 * N;
+        for (int v : versions) {
+            const char* note = nullptr;
+            auto run = [&] {
+                note = run_version<T>(v, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr,
+                                      d_rstd.ptr, N, C);
+            };
+            const float first = time_median_ms(run, 1, 1);  // slow versions get fewer runs
+            const float ms = first > 20.0f ? time_median_ms(run, 0, 3) : time_median_ms(run, 10, 100);
+            const double gbs = bytes / (ms * 1e-3) / 1e9;
+            printf("  %-8d %-6s %-8d %10.1f %10.1f %7.1f%%%s%s\n", v, dtype_name<T>(), C, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
+                   note ? "  " : "", note ? note : "");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void usage(FILE* f) {
+    fprintf(f,
+            "usage: layernorm_backward [versions...] [--check] [-N rows] [-C cols] [--dtype fp32|bf16]\n"
+            "  versions      which kernels to run (default: all, 1..%d)\n"
+            "  --check       validation only: every version, every shape, fp32 and bf16 (CI)\n"
+            "  -N rows       benchmark rows (default 65536)\n"
+            "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
+            "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
+            "  -h            this message\n",
+            kNumVersions);
+}
+
+int parse_int(const char* s, const char* what, int lo) {
+    char* end = nullptr;
+    const long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > (1 << 30)) {
+        usage(stderr);
+        fail("%s must be an integer >= %d, got '%s'", what, lo, s);
+    }
+    return (int)v;
+}
+
+template <typename T> void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
+    uint64_t seed = 1;
+    for (int v : versions)
+        for (const Shape& s : kCheckShapes)
+            for (int shift : {0, 1}) {
+                char name[160];
+                snprintf(name, sizeof(name), "backward v%d %s N=%d C=%d %s", v, dtype_name<T>(), s.N, s.C,
+                         shift ? "misaligned" : "aligned");
+                seed++;
+                if (!gpu) {
+                    tests.skip(name);
+                    continue;
+                }
+                printf("%s\n", name);
+                tests.record(check_one<T>(v, s.N, s.C, shift, seed, /*determinism=*/v >= 6));
+            }
+}
+
+int main(int argc, char** argv) {
+    std::vector<int> versions;
+    bool check = false, fp32 = true, bf16 = true;
+    int N = 65536;
+    std::vector<int> Cs = {768, 1024, 1600, 2048, 4096};
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        auto value = [&](const char* flag) {
+            if (i + 1 >= argc) {
+                usage(stderr);
+                fail("%s needs a value", flag);
+            }
+            return argv[++i];
+        };
+        if (a == "-h" || a == "--help") {
+            usage(stdout);
+            return 0;
+        } else if (a == "--check") {
+            check = true;
+        } else if (a == "-N") {
+            N = parse_int(value("-N"), "-N", 1);
+        } else if (a == "-C") {
+            Cs = {parse_int(value("-C"), "-C", 1)};
+        } else if (a == "--dtype") {
+            const std::string d = value("--dtype");
+            if (d != "fp32" && d != "bf16") {
+                usage(stderr);
+                fail("--dtype must be fp32 or bf16, got '%s'", d.c_str());
+            }
+            fp32 = d == "fp32", bf16 = d == "bf16";
+        } else if (!a.empty() && a[0] != '-') {
+            versions.push_back(parse_int(a.c_str(), "version", 1));
+        } else {
+            usage(stderr);
+            fail("unknown flag '%s'", a.c_str());
+        }
+    }
+    for (int v : versions)
+        if (v > kNumVersions) fail("version %d does not exist (1..%d)", v, kNumVersions);
+    std::vector<int> all;
+    for (int i = 1; i <= kNumVersions; i++) all.push_back(i);
+    const bool gpu = cuda_device_available();
+    TestCounter tests;
+    if (check) {
+        check_all<float>(tests, gpu, all);
+        check_all<__nv_bfloat16>(tests, gpu, all);
+        return tests.finish();
+    }
+    if (!gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
+    if (versions.empty()) versions = all;
+    if (fp32) check_all<float>(tests, gpu, versions);
+    if (bf16) check_all<__nv_bfloat16>(tests, gpu, versions);
+    cudaDeviceProp prop;
+    cuda_check(cudaGetDeviceProperties(&prop, 0));
+    const double copy_gbs = measure_copy_bandwidth_gbs();
+    printf("\ndevice: %s, %d SMs, L2 %d MB; device-to-device copy %.1f GB/s (bytes read + written)\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+    if (fp32) benchmark<float>(versions, N, Cs, copy_gbs);
+    if (bf16) benchmark<__nv_bfloat16>(versions, N, Cs, copy_gbs);
+    return tests.finish();
+}

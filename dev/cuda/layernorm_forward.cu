@@ -1,0 +1,554 @@
+// layernorm_forward.cu: the LayerNorm forward laboratory. Numbered versions retrace how the kernel
+// got fast; the last one is the header's layernorm_forward (layernorm.cuh), so the lab measures what
+// training runs. Every version is validated against the double-precision CPU reference
+// (dev/layernorm/layernorm_reference.cuh) at many shapes, then benchmarked.
+//
+//   make dev/cuda/layernorm_forward
+//   ./dev/cuda/layernorm_forward            validate, then benchmark every version, fp32 and bf16
+//   ./dev/cuda/layernorm_forward 4 5        only versions 4 and 5
+//   ./dev/cuda/layernorm_forward --check    validation only (what CI runs; skips without a GPU)
+//   ./dev/cuda/layernorm_forward --residual fused residual + LayerNorm instead
+//
+// Versions (plain LayerNorm):
+//   1  one thread per row: three passes over the row (mean, variance, output), each thread walking its
+//      own row, so a warp's 32 loads hit 32 different rows: uncoalesced, and only N threads in all.
+//   2  one warp per row: the 32 lanes stride the row together, so every load is coalesced, and the
+//      sums are cooperative-groups warp reductions (shuffles, no shared memory). 32x the threads.
+//   3  one block (256 threads) per row: 8x the threads per row again, so long rows get enough loads
+//      in flight; per-warp sums are combined through shared memory. Still three passes over memory
+//      (the second and third mostly hit L1/L2).
+//   4  one block per row, the row read ONCE into registers with 128-bit loads (4 vectors per
+//      thread); mean and variance (two-pass, safe for rows with a large mean) come from registers,
+//      then one write. DRAM traffic is now the minimum: one read, one write. Needs C a multiple of
+//      16 / sizeof(T), 16-byte aligned pointers and C <= 4 * 1024 * (16 / sizeof(T)); other shapes
+//      run version 3 (the lab says so).
+//   5  the header's layernorm_forward: row groups of 32 * WPR threads sized by C (a warp per row up to
+//      1024 columns, so small rows need no barrier at all), several rows per 256-thread block, up to
+//      32 columns per thread all loaded before the first use (many loads in flight), streaming
+//      cache hints (x and y are touched once), named barriers so row groups never wait for each
+//      other; a scalar general path for any C and alignment (one block per row).
+//
+// Fused residual (--residual): residual = a + b (rounded to T and stored), out = LayerNorm(residual).
+//   1  unfused: an elementwise add kernel, then the header's layernorm_forward (reads the residual
+//      back: 5 N C transfers instead of 4).
+//   2  the header's fused_residual_layernorm_forward: the sum is formed in registers, stored once and
+//      normalized without reading it back.
+//
+// Bandwidth: forward bytes = N*C*sizeof(T) read + N*C*sizeof(T) written + 8*N (mean, rstd), plus
+// 2*C*sizeof(T) of weight and bias (negligible). Residual: 2 N C sizeof(T) read + 2 N C sizeof(T)
+// written + 8 N. Reported as a fraction of a device-to-device copy measured in the same run.
+
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+
+#include <string>
+
+#include "common.cuh"
+#include "dev/layernorm/layernorm_reference.cuh"
+#include "layernorm.cuh"
+
+namespace cg = cooperative_groups;
+
+constexpr float kEps = 1e-5f;
+constexpr int kNumVersions = 5, kNumResidualVersions = 2;
+
+// ---------------------------------------------------------------------------------------------
+// Version 1: one thread per row.
+
+template <typename T>
+__global__ void layernorm_forward_kernel1(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                                          const T* bias, int N, int C) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= N) return;
+    const T* x = inp + size_t(row) * C;
+    float m = 0.0f;
+    for (int c = 0; c < C; c++) m += to_float(x[c]);
+    m /= C;
+    float v = 0.0f;
+    for (int c = 0; c < C; c++) {
+        const float d = to_float(x[c]) - m;
+        v += d * d;
+    }
+    const float s = rsqrtf(v / C + kEps);
+    for (int c = 0; c < C; c++)
+        out[size_t(row) * C + c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+    mean[row] = m;
+    rstd[row] = s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 2: one warp per row, cooperative-groups reductions.
+
+template <typename T>
+__global__ void layernorm_forward_kernel2(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                                          const T* bias, int N, int C) {
+    cg::thread_block block = cg::this_thread_block();
+    cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);
+    const int row = blockIdx.x * (blockDim.x / 32) + warp.meta_group_rank();
+    if (row >= N) return;  // whole warps leave together
+    const T* x = inp + size_t(row) * C;
+    float sum = 0.0f;
+    for (int c = warp.thread_rank(); c < C; c += 32) sum += to_float(x[c]);
+    const float m = cg::reduce(warp, sum, cg::plus<float>()) / C;
+    float sq = 0.0f;
+    for (int c = warp.thread_rank(); c < C; c += 32) {
+        const float d = to_float(x[c]) - m;
+        sq += d * d;
+    }
+    const float s = rsqrtf(cg::reduce(warp, sq, cg::plus<float>()) / C + kEps);
+    for (int c = warp.thread_rank(); c < C; c += 32)
+        out[size_t(row) * C + c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+    if (warp.thread_rank() == 0) mean[row] = m, rstd[row] = s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 3: one block per row, shared-memory reduction of the per-warp sums.
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `shared` holds 32 floats; the trailing barrier lets the caller reuse it at once.
+__device__ float block_sum(float v, float* shared) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < warps; w++) total += shared[w];
+    __syncthreads();
+    return total;
+}
+
+template <typename T>
+__global__ void layernorm_forward_kernel3(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                                          const T* bias, int N, int C) {
+    __shared__ float shared[32];
+    const int row = blockIdx.x;
+    const T* x = inp + size_t(row) * C;
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) sum += to_float(x[c]);
+    const float m = block_sum(sum, shared) / C;
+    float sq = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float d = to_float(x[c]) - m;
+        sq += d * d;
+    }
+    const float s = rsqrtf(block_sum(sq, shared) / C + kEps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        out[size_t(row) * C + c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+    if (threadIdx.x == 0) mean[row] = m, rstd[row] = s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 4: one block per row, the row read once into registers with 128-bit loads.
+
+constexpr int kV4VectorsPerThread = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    layernorm_forward_kernel4(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
+                              int C) {
+    constexpr int VS = Vec128<T>::size, K = kV4VectorsPerThread;
+    __shared__ float shared[32];
+    const int row = blockIdx.x, nvec = C / VS;
+    const T* x = inp + size_t(row) * C;
+    Vec128<T> xv[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = k * blockDim.x + threadIdx.x;
+        if (i < nvec) xv[k] = Vec128<T>::load(x + size_t(i) * VS);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (k * blockDim.x + threadIdx.x < nvec)
+#pragma unroll
+            for (int j = 0; j < VS; j++) sum += to_float(xv[k][j]);
+    const float m = block_sum(sum, shared) / C;
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (k * blockDim.x + threadIdx.x < nvec)
+#pragma unroll
+            for (int j = 0; j < VS; j++) {
+                const float d = to_float(xv[k][j]) - m;
+                sq += d * d;
+            }
+    const float s = rsqrtf(block_sum(sq, shared) / C + kEps);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = k * blockDim.x + threadIdx.x;
+        if (i < nvec) {
+            const Vec128<T> w = Vec128<T>::load(weight + size_t(i) * VS), b = Vec128<T>::load(bias + size_t(i) * VS);
+            Vec128<T> y;
+#pragma unroll
+            for (int j = 0; j < VS; j++) y[j] = from_float<T>((to_float(xv[k][j]) - m) * s * to_float(w[j]) + to_float(b[j]));
+            y.store(out + size_t(row) * C + size_t(i) * VS);
+        }
+    }
+    if (threadIdx.x == 0) mean[row] = m, rstd[row] = s;
+}
+
+template <typename T> bool version4_applies(int C, std::initializer_list<const void*> ptrs) {
+    constexpr int VS = Vec128<T>::size;
+    if (C % VS != 0 || C / VS > 1024 * kV4VectorsPerThread) return false;
+    for (const void* p : ptrs)
+        if (!is_aligned16(p)) return false;
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Residual version 1's add kernel (vectorized where alignment allows).
+
+template <typename T> __global__ void residual_add_kernel(T* residual, const T* a, const T* b, size_t n) {
+    const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    if (i < n) residual[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch. Returns the name of what actually ran (version 4 falls back to 3 on shapes it can't hold).
+
+template <typename T>
+const char* run_version(int version, T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
+                        int N, int C) {
+    switch (version) {
+        case 1:
+            layernorm_forward_kernel1<T><<<(N + 127) / 128, 128>>>(out, mean, rstd, inp, weight, bias, N, C);
+            break;
+        case 2:
+            layernorm_forward_kernel2<T><<<(N + 7) / 8, 256>>>(out, mean, rstd, inp, weight, bias, N, C);
+            break;
+        case 3:
+            layernorm_forward_kernel3<T><<<N, 256>>>(out, mean, rstd, inp, weight, bias, N, C);
+            break;
+        case 4:
+            if (version4_applies<T>(C, {out, inp, weight, bias})) {
+                const int nvec = C / Vec128<T>::size;
+                const int threads = std::min(1024, std::max(32, ((nvec + kV4VectorsPerThread - 1) / kV4VectorsPerThread + 31) / 32 * 32));
+                layernorm_forward_kernel4<T><<<N, threads>>>(out, mean, rstd, inp, weight, bias, N, C);
+                break;
+            }
+            layernorm_forward_kernel3<T><<<N, 256>>>(out, mean, rstd, inp, weight, bias, N, C);
+            cuda_check_launch();
+            return "v4 n/a here, ran v3";
+        case 5:
+            layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+            break;
+        default:
+            fail("forward version %d does not exist (1..%d)", version, kNumVersions);
+    }
+    cuda_check_launch();
+    return nullptr;
+}
+
+template <typename T>
+const char* run_residual_version(int version, T* residual, T* out, float* mean, float* rstd, const T* a, const T* b,
+                                 const T* weight, const T* bias, int N, int C) {
+    switch (version) {
+        case 1: {
+            const size_t n = size_t(N) * C;
+            residual_add_kernel<T><<<(unsigned)((n + 255) / 256), 256>>>(residual, a, b, n);
+            cuda_check_launch();
+            layernorm_forward(out, mean, rstd, residual, weight, bias, N, C);
+            break;
+        }
+        case 2:
+            fused_residual_layernorm_forward(residual, out, mean, rstd, a, b, weight, bias, N, C);
+            break;
+        default:
+            fail("residual version %d does not exist (1..%d)", version, kNumResidualVersions);
+    }
+    cuda_check_launch();
+    return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs: reproducible pseudo-random numbers (splitmix64), rows with a non-zero mean.
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    float uniform(float lo, float hi) { return lo + (hi - lo) * float((next() >> 40) * (1.0 / 16777216.0)); }
+};
+
+// Row r: offset_r + scale_r * U(-1, 1), offset in [-2, 2] (0 for every fourth row), scale in [1, 2],
+// so |mean| / std <= 2 / (1 / sqrt(3)) ~ 3.5.
+template <typename T> void fill_rows(std::vector<T>& x, int N, int C, Rng& rng) {
+    for (int n = 0; n < N; n++) {
+        const float offset = n % 4 == 0 ? 0.0f : rng.uniform(-2.0f, 2.0f), scale = rng.uniform(1.0f, 2.0f);
+        for (int c = 0; c < C; c++) x[size_t(n) * C + c] = from_float<T>(offset + scale * rng.uniform(-1.0f, 1.0f));
+    }
+}
+template <typename T> void fill_uniform(std::vector<T>& x, float lo, float hi, Rng& rng) {
+    for (auto& v : x) v = from_float<T>(rng.uniform(lo, hi));
+}
+
+// Device buffer of n elements of T, offset by `shift` elements from a 256-byte aligned allocation
+// (shift = 1 makes every 16-byte vector path unusable, exercising the general paths).
+template <typename T> struct DeviceBuffer {
+    void* base = nullptr;
+    T* ptr = nullptr;
+    size_t n = 0;
+    DeviceBuffer(size_t n_, int shift, const char* what) : n(n_) {
+        base = device_malloc((n + 1) * sizeof(T), what);
+        ptr = static_cast<T*>(base) + shift;
+    }
+    ~DeviceBuffer() { cudaFree(base); }
+    void upload(const std::vector<T>& h) { cuda_check(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+    std::vector<T> download() const {
+        std::vector<T> h(n);
+        cuda_check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    void poison() { cuda_check(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // all-ones bytes: NaN in fp32 and bf16
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tolerances.
+//
+// fp32 outputs: the kernel sums C values in fp32: each thread sequentially over L = C / (threads per
+// row) values (rounding error grows like sqrt(L) ulps for random rounding), then a tree over the
+// threads (log2 of their count). The mean's error, relative to the row's spread, is amplified by
+// |mean| / std <= 3.5 for our inputs (fill_rows) before it reaches (x - mean) * rstd, and the output
+// adds a few roundings more. Bound for out, mean and rstd: 8 * (sqrt(L) + log2(C) + 1) fp32 ulps
+// (2^-23), absolute and relative. For the header's kernel at C = 768 that is ~1e-5; for version 1
+// (L = C) at C = 65536 ~2.5e-4.
+// bf16 outputs: out is rounded to bf16, so 1 bf16 ulp (2^-8 relative; half an ulp from rounding and
+// up to half more where the fp32 value sits near a rounding boundary) plus the fp32 statistic error
+// above. mean and rstd are fp32 in every build: the fp32 bound. The inputs are bf16 values, read
+// exactly by the double reference, so they add nothing.
+// residual: the contract is r = T(float(a) + float(b)) exactly; compared bit for bit (bound 0).
+
+inline double fp32_stat_tol(int C, int threads_per_row) {
+    const double L = std::ceil(double(C) / threads_per_row);
+    return 8.0 * (std::sqrt(L) + std::log2(double(C)) + 1.0) * std::ldexp(1.0, -23);
+}
+
+// Threads that share one row's reduction in each version (the sequential length is C / this).
+template <typename T> int threads_per_row(int version, int C, bool residual) {
+    if (residual) version = 5;
+    switch (version) {
+        case 1: return 1;
+        case 2: return 32;
+        case 3: return 256;
+        case 4: return 32;  // v4's blocks have at least 32 threads (fewer threads: longer sums, looser bound)
+        // Header: the vector path gives a row 32..512 threads holding <= 32 columns each, the general
+        // path 256 threads; C / 64 clamped to [32, 256] is never more than either.
+        default: return std::max(32, std::min(256, C / 64));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation of one (mode, version, dtype, shape, alignment).
+
+struct Shape {
+    int N, C;
+};
+const Shape kCheckShapes[] = {{1, 768},  {7, 1},     {5, 33},    {64, 768},  {33, 1000}, {16, 1600}, {300, 1024},
+                              {9, 4100}, {4, 16384}, {2, 65536}, {1, 65536}, {2048, 64}, {37, 3072}};
+
+template <typename T> bool check_one(int version, bool residual, int N, int C, int shift, uint64_t seed) {
+    const size_t NC = size_t(N) * C;
+    Rng rng(seed);
+    std::vector<T> a(NC), b(NC), w(C), bias(C);
+    fill_rows(a, N, C, rng);
+    if (residual) fill_uniform(b, -1.0f, 1.0f, rng);
+    fill_uniform(w, 0.5f, 1.5f, rng);
+    fill_uniform(bias, -0.5f, 0.5f, rng);
+
+    // Reference: LayerNorm of x = a, or of the stored residual T(float(a) + float(b)).
+    std::vector<T> x(NC);
+    for (size_t i = 0; i < NC; i++) x[i] = residual ? from_float<T>(to_float(a[i]) + to_float(b[i])) : a[i];
+    std::vector<double> ref_out(NC), ref_mean(N), ref_rstd(N);
+    layernorm_forward_reference(ref_out.data(), ref_mean.data(), ref_rstd.data(), x.data(), w.data(), bias.data(), N, C);
+
+    DeviceBuffer<T> d_a(NC, shift, "a"), d_b(NC, shift, "b"), d_w(C, shift, "weight"), d_bias(C, shift, "bias");
+    DeviceBuffer<T> d_out(NC, shift, "out"), d_res(NC, shift, "residual");
+    DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
+    d_a.upload(a), d_w.upload(w), d_bias.upload(bias);
+    if (residual) d_b.upload(b);
+    d_out.poison(), d_res.poison(), d_mean.poison(), d_rstd.poison();
+
+    const char* note = residual ? run_residual_version<T>(version, d_res.ptr, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr,
+                                                          d_b.ptr, d_w.ptr, d_bias.ptr, N, C)
+                                : run_version<T>(version, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr, d_w.ptr, d_bias.ptr, N, C);
+    cuda_check(cudaDeviceSynchronize());
+    if (note) printf("  (%s)\n", note);
+
+    const double tol = fp32_stat_tol(C, threads_per_row<T>(version, C, residual));
+    const bool bf16 = sizeof(T) == 2;
+    const double out_rtol = bf16 ? std::ldexp(1.0, -8) + tol : tol;
+    bool ok = true;
+    const auto out = d_out.download();
+    const auto mean = d_mean.download(), rstd = d_rstd.download();
+    ok &= check_close("out", out.data(), ref_out.data(), NC, tol, out_rtol);
+    ok &= check_close("mean (fp32)", mean.data(), ref_mean.data(), N, tol, tol);
+    ok &= check_close("rstd (fp32)", rstd.data(), ref_rstd.data(), N, tol, tol);
+    if (residual) {
+        std::vector<double> ref_res(NC);
+        for (size_t i = 0; i < NC; i++) ref_res[i] = to_double(x[i]);
+        const auto res = d_res.download();
+        ok &= check_close("residual (exact)", res.data(), ref_res.data(), NC, 0.0, 0.0);
+    }
+    return ok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark.
+
+template <typename T> void benchmark(const std::vector<int>& versions, bool residual, int N, const std::vector<int>& Cs,
+                                     double copy_gbs) {
+    printf("\n%s forward benchmark, %s, N = %d (median of many runs after warm-up)\n", residual ? "fused residual" : "LayerNorm",
+           dtype_name<T>(), N);
+    printf("  bytes = %s\n", residual ? "2*N*C*sizeof(T) read (a, b) + 2*N*C*sizeof(T) written (residual, out) + 8*N (mean, rstd) + 2*C*sizeof(T)"
+                                      : "N*C*sizeof(T) read + N*C*sizeof(T) written + 8*N (mean, rstd) + 2*C*sizeof(T) (weight, bias)");
+    printf("  %-8s %-6s %-8s %10s %10s %8s\n", "version", "dtype", "C", "time (us)", "GB/s", "% copy");
+    for (int C : Cs) {
+        const size_t NC = size_t(N) * C;
+        Rng rng(1234 + C);
+        std::vector<T> h(NC), w(C), bias(C);
+        fill_rows(h, N, C, rng);
+        fill_uniform(w, 0.5f, 1.5f, rng);
+        fill_uniform(bias, -0.5f, 0.5f, rng);
+        DeviceBuffer<T> d_a(NC, 0, "a"), d_out(NC, 0, "out"), d_w(C, 0, "weight"), d_bias(C, 0, "bias");
+        DeviceBuffer<T> d_b(residual ? NC : 1, 0, "b"), d_res(residual ? NC : 1, 0, "residual");
+        DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
+        d_a.upload(h), d_w.upload(w), d_bias.upload(bias);
+        if (residual) d_b.upload(h);
+        const double bytes = (residual ? 4.0 : 2.0) * NC * sizeof(T) + 8.0 * N + 2.0 * C * sizeof(T);
+        for (int v : versions) {
+            const char* note = nullptr;
+            auto run = [&] {
+                note = residual ? run_residual_version<T>(v, d_res.ptr, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr, d_b.ptr,
+                                                          d_w.ptr, d_bias.ptr, N, C)
+                                : run_version<T>(v, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr, d_w.ptr, d_bias.ptr, N, C);
+            };
+            // Slow versions get fewer runs: a first timing decides.
+            const float first = time_median_ms(run, 1, 1);
+            const float ms = first > 20.0f ? time_median_ms(run, 1, 3) : time_median_ms(run, 10, 100);
+            const double gbs = bytes / (ms * 1e-3) / 1e9;
+            printf("  %-8d %-6s %-8d %10.1f %10.1f %7.1f%%%s%s\n", v, dtype_name<T>(), C, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
+                   note ? "  " : "", note ? note : "");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void usage(FILE* f) {
+    fprintf(f,
+            "usage: layernorm_forward [versions...] [--check] [--residual] [-N rows] [-C cols] [--dtype fp32|bf16]\n"
+            "  versions      which kernels to run (default: all). LayerNorm: 1..%d; with --residual: 1..%d\n"
+            "  --check       validation only: every version, every shape, fp32 and bf16, both modes (CI)\n"
+            "  --residual    the fused residual + LayerNorm forward instead of LayerNorm\n"
+            "  -N rows       benchmark rows (default 65536)\n"
+            "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
+            "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
+            "  -h            this message\n",
+            kNumVersions, kNumResidualVersions);
+}
+
+int parse_int(const char* s, const char* what, int lo) {
+    char* end = nullptr;
+    const long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > (1 << 30)) {
+        usage(stderr);
+        fail("%s must be an integer >= %d, got '%s'", what, lo, s);
+    }
+    return (int)v;
+}
+
+template <typename T> void check_all(TestCounter& tests, bool gpu, bool residual, const std::vector<int>& versions) {
+    uint64_t seed = 1;
+    for (int v : versions)
+        for (const Shape& s : kCheckShapes)
+            for (int shift : {0, 1}) {
+                char name[160];
+                snprintf(name, sizeof(name), "forward%s v%d %s N=%d C=%d %s", residual ? " residual" : "", v, dtype_name<T>(), s.N,
+                         s.C, shift ? "misaligned" : "aligned");
+                seed++;
+                if (!gpu) {
+                    tests.skip(name);
+                    continue;
+                }
+                printf("%s\n", name);
+                tests.record(check_one<T>(v, residual, s.N, s.C, shift, seed));
+            }
+}
+
+int main(int argc, char** argv) {
+    std::vector<int> versions;
+    bool check = false, residual = false, fp32 = true, bf16 = true;
+    int N = 65536;
+    std::vector<int> Cs = {768, 1024, 1600, 2048, 4096};
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        auto value = [&](const char* flag) {
+            if (i + 1 >= argc) {
+                usage(stderr);
+                fail("%s needs a value", flag);
+            }
+            return argv[++i];
+        };
+        if (a == "-h" || a == "--help") {
+            usage(stdout);
+            return 0;
+        } else if (a == "--check") {
+            check = true;
+        } else if (a == "--residual") {
+            residual = true;
+        } else if (a == "-N") {
+            N = parse_int(value("-N"), "-N", 1);
+        } else if (a == "-C") {
+            Cs = {parse_int(value("-C"), "-C", 1)};
+        } else if (a == "--dtype") {
+            const std::string d = value("--dtype");
+            if (d != "fp32" && d != "bf16") {
+                usage(stderr);
+                fail("--dtype must be fp32 or bf16, got '%s'", d.c_str());
+            }
+            fp32 = d == "fp32", bf16 = d == "bf16";
+        } else if (!a.empty() && a[0] != '-') {
+            versions.push_back(parse_int(a.c_str(), "version", 1));
+        } else {
+            usage(stderr);
+            fail("unknown flag '%s'", a.c_str());
+        }
+    }
+    const int max_version = residual ? kNumResidualVersions : kNumVersions;
+    for (int v : versions)
+        if (v > max_version) fail("%sversion %d does not exist (1..%d)", residual ? "residual " : "", v, max_version);
+
+    auto all = [](int n) {
+        std::vector<int> v;
+        for (int i = 1; i <= n; i++) v.push_back(i);
+        return v;
+    };
+    const bool gpu = cuda_device_available();
+    TestCounter tests;
+    if (check) {
+        // CI: everything, both modes and dtypes, whatever versions were named.
+        for (bool res : {false, true}) {
+            const auto vs = all(res ? kNumResidualVersions : kNumVersions);
+            check_all<float>(tests, gpu, res, vs);
+            check_all<__nv_bfloat16>(tests, gpu, res, vs);
+        }
+        return tests.finish();
+    }
+    if (!gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
+    if (versions.empty()) versions = all(max_version);
+    if (fp32) check_all<float>(tests, gpu, residual, versions);
+    if (bf16) check_all<__nv_bfloat16>(tests, gpu, residual, versions);
+    cudaDeviceProp prop;
+    cuda_check(cudaGetDeviceProperties(&prop, 0));
+    const double copy_gbs = measure_copy_bandwidth_gbs();
+    printf("\ndevice: %s, %d SMs, L2 %d MB; device-to-device copy %.1f GB/s (bytes read + written)\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+    if (fp32) benchmark<float>(versions, residual, N, Cs, copy_gbs);
+    if (bf16) benchmark<__nv_bfloat16>(versions, residual, N, Cs, copy_gbs);
+    return tests.finish();
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the LayerNorm laboratory on a GPU machine, from the repo root: builds the lab programs and the
+# C API library, validates every version (--check), benchmarks both dtypes at the performance-bar
+# shapes (N = 65536, C in 768 1024 1600 2048 4096), and runs the PyTorch side-by-side.
+# Logs go to $OUT/layernorm/*.log (OUT defaults to ./out).
+#   usage: bash scripts/device_layernorm.sh [-h]
+set -uo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,6p' "$0"; exit 0; fi
+[[ $# -eq 0 ]] || { echo "error: unexpected argument '$1' (see -h)" >&2; exit 1; }
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+logs=${OUT:-out}/layernorm
+mkdir -p "$logs"
+PY=${PYTHON:-python3}
+status=0
+rm -f "$logs"/*.log
+run() {  # run LOG COMMAND...: append to $logs/LOG.log (few files: the device returns at most 8), remember a failure
+    local name=$1; shift
+    echo "=== $*" | tee -a "$logs/$name.log"
+    "$@" 2>&1 | tee -a "$logs/$name.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "!!! $name failed"; status=1; }
+}
+run build make -j16 dev/cuda/layernorm_forward dev/cuda/layernorm_backward build/liblayernorm_capi.so
+run check ./dev/cuda/layernorm_forward --check
+run check ./dev/cuda/layernorm_backward --check
+for dt in fp32 bf16; do
+    run forward ./dev/cuda/layernorm_forward --dtype $dt
+    run forward ./dev/cuda/layernorm_forward --residual --dtype $dt
+    run backward ./dev/cuda/layernorm_backward --dtype $dt
+done
+PYTHONUNBUFFERED=1 run vs_torch "$PY" dev/cuda/layernorm_vs_torch.py
+exit $status
