@@ -1,0 +1,912 @@
+// flash_attention.cuh: fused causal multi-head attention for bf16 (FlashAttention-2 style), forward and
+// backward, straight from and to the training loop's layouts.
+//
+//   forward   qkv (B, T, 3C) -> out (B, T, C) = softmax(q k^T / sqrt(HS), causal) v per head, and
+//             lse (B, NH, T) fp32 = log sum_j exp(q_t . k_j / sqrt(HS)), the only thing kept for the
+//             backward (no (B, NH, T, T) probabilities anywhere).
+//   backward  from dout (B, T, C), out, lse and qkv: D = rowsum(dout * out) (B, NH, T) into the
+//             caller's scratch, then dq, dk, dv written (not accumulated) into dqkv (B, T, 3C).
+//
+// q, k, v of head h at position t are the HS contiguous values at qkv[(b T + t) 3C + {0, C, 2C} + h HS]:
+// the kernels read them there (no permute pass) and write out / dqkv the same way.
+//
+// Non-obvious choices:
+//   - Tensor cores through mma.sync m16n8k16 (bf16 in, fp32 accumulate; inline PTX), operands moved
+//     from shared memory by ldmatrix (the .trans form for operands stored the other way round, e.g. v
+//     in P v). Shared rows are padded to HS + 8 elements so the 8 rows one ldmatrix reads fall in
+//     different banks. K/V (forward) and Q/dO (backward) tiles are double-buffered with cp.async: the
+//     next tile streams in while the current one is computed, one barrier per tile.
+//   - The score tile's accumulator fragment is, element for element, the A fragment of the next
+//     matrix product (P v, P^T dO, dS k, ...): probabilities never leave registers.
+//   - Online softmax in fp32 in the log2 domain (scores scaled by log2(e) / sqrt(HS), exp2f); each
+//     thread keeps partial row sums and the 4 threads that share a row combine them once at the end.
+//     P is rounded to bf16 only as a matrix-product input; the row sums use the fp32 values.
+//   - Causal: a block of queries streams only the key tiles at or before its diagonal; only tiles that
+//     cross the diagonal are masked; a warp skips a tile lying wholly above its rows. Blocks with the
+//     most tiles are launched first (less tail). Rows past T are zero-filled by cp.async (src-size 0),
+//     so T need not be a multiple of a tile and nothing non-finite enters a product.
+//   - Backward without floating-point atomics, so bitwise deterministic: one kernel per key block
+//     (dk, dv, looping over the query tiles at or after it) and one per query block (dq, looping over
+//     the key tiles up to it). That recomputes q k^T and dO v^T once more than an atomic dq would
+//     (7 matrix products instead of 5) in exchange for determinism and no fp32 dq buffer.
+//   - Configurations (measured in dev/cuda/attention_{forward,backward}.cu, H100, README there):
+//     forward 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1 for 128
+//     (2 tiles spill there); backward 4 warps x 16 rows per block, streamed tiles of 64, all HS.
+//     At B=64 NH=12 T=1024 HS=64: forward ~200 TFLOP/s, backward ~135 (PyTorch SDPA flash: ~205, ~155).
+//   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
+//     Every other head size up to 256 (and misaligned pointers) takes a plain path in this header:
+//     one warp per row, fp32 CUDA-core math, the same algorithm (online softmax, lse, recompute,
+//     deterministic), correct but several times slower; callers that care about speed use
+//     attention.cuh there instead. bf16 only: fp32 builds use attention.cuh.
+#pragma once
+
+#include "common.cuh"
+
+namespace flash_detail {
+
+typedef __nv_bfloat16 bf16;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr int kPlainMaxHS = 256;
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, asynchronously; valid == false writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+
+// d (16x8 fp32) += a (16x16 bf16, row-major) b (16x8 bf16, column-major).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half: the lower column
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Fragment layout of mma m16n8k16 (lane = 4 g + c): accumulator element e of a 16x8 tile sits at
+// row g + 8 (e / 2), column 2 c + e % 2; A register i holds row g + 8 (i % 2), columns 2 c + 8 (i / 2)
+// + {0, 1}; B register i holds k rows 2 c + 8 i + {0, 1}, column g.
+//
+// A (16x16) from rows r0.., columns c0.. of a row-major tile with row stride ld.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int ld, int r0, int c0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldsm_x4(a, tile + (r0 + (lane & 7) + (m & 1) * 8) * ld + c0 + (m >> 1) * 8);
+}
+// B for two n-tiles (n0.. -> b[0], b[1]; n0+8.. -> b[2], b[3]) and k0..k0+15, from a tile stored with
+// n as the row (e.g. k in q k^T).
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const bf16* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldsm_x4(b, tile + (n0 + (lane & 7) + (m >> 1) * 8) * ld + k0 + (m & 1) * 8);
+}
+// The same from a tile stored with k as the row (e.g. v in P v): the transposing load.
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const bf16* tile, int ld, int k0, int n0) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldsm_x4_trans(b, tile + (k0 + (lane & 7) + (m & 1) * 8) * ld + n0 + (m >> 1) * 8);
+}
+// Accumulator tiles 2 kk and 2 kk + 1 (16 rows x 16 columns) as the A operand of the next product.
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]);
+    a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]);
+    a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// `rows` rows of HS values, rows row0.. of a sequence whose row t starts at src + t * stride, into a
+// shared tile with row stride LD; rows >= T are zero-filled. All threads of the block take part.
+template <int HS, int LD, int THREADS>
+__device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, size_t stride, int row0, int rows, int T) {
+    constexpr int CPR = HS / 8;  // 16-byte chunks per row
+    for (int c = threadIdx.x; c < rows * CPR; c += THREADS) {
+        const int r = c / CPR, col = (c % CPR) * 8, t = row0 + r;
+        const bool valid = t < T;
+        cp_async16(dst + r * LD + col, src + size_t(valid ? t : 0) * stride + col, valid);
+    }
+}
+template <int THREADS>
+__device__ __forceinline__ void load_floats_async(float* dst, const float* src, int row0, int rows, int T) {
+    for (int r = threadIdx.x; r < rows; r += THREADS) {
+        const int t = row0 + r;
+        cp_async4(dst + r, src + (t < T ? t : 0), t < T);
+    }
+}
+
+template <typename K> void allow_smem(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024) cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward, tensor cores. A block owns BR = WARPS * MT * 16 consecutive queries of one (b, h); each
+// warp MT 16-row tiles. Q fragments stay in registers; K/V tiles of BC keys are double-buffered.
+
+template <int HS, int WARPS, int MT, int BC>
+__global__ void __launch_bounds__(WARPS * 32)
+    forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
+    constexpr int BR = WARPS * MT * 16, LD = HS + 8, NT = BC / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
+    static_assert(HS % 16 == 0 && BC % 16 == 0, "tile shapes");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BR x LD
+    bf16* sK = sQ + BR * LD;                       // 2 x BC x LD
+    bf16* sV = sK + 2 * BC * LD;                   // 2 x BC x LD
+
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest blocks first
+    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
+    const size_t stride = 3 * size_t(C);
+    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
+    const bf16* k_src = q_src + C;
+    const bf16* v_src = q_src + 2 * C;
+    const int q0 = qb * BR, n_tiles = (min(q0 + BR, T) - 1) / BC + 1;
+    const int wrow0 = q0 + warp * MT * 16;  // this warp's first query
+    const float sl2 = scale * kLog2e;
+
+    load_rows_async<HS, LD, THREADS>(sQ, q_src, stride, q0, BR, T);
+    load_rows_async<HS, LD, THREADS>(sK, k_src, stride, 0, BC, T);
+    load_rows_async<HS, LD, THREADS>(sV, v_src, stride, 0, BC, T);
+    cp_async_commit();
+
+    uint32_t qf[MT][KS][4];
+    float o[MT][DT][4];
+    float m_run[MT][2], l_run[MT][2];  // running max (log2 domain) and this thread's partial row sum
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+        m_run[mt][0] = m_run[mt][1] = -INFINITY;
+        l_run[mt][0] = l_run[mt][1] = 0.0f;
+    }
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait_all();
+        __syncthreads();  // tile j is in; every warp is done with tile j - 1, whose buffers are refilled next
+        if (j == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) load_a(qf[mt][ks], sQ, LD, warp * MT * 16 + mt * 16, ks * 16);
+        }
+        if (j + 1 < n_tiles) {
+            const int st = (j + 1) & 1;
+            load_rows_async<HS, LD, THREADS>(sK + st * BC * LD, k_src, stride, (j + 1) * BC, BC, T);
+            load_rows_async<HS, LD, THREADS>(sV + st * BC * LD, v_src, stride, (j + 1) * BC, BC, T);
+            cp_async_commit();
+        }
+        const int k0 = j * BC;
+        if (k0 > wrow0 + MT * 16 - 1) continue;  // every key of this tile is after every row of this warp
+        const bf16* cK = sK + (j & 1) * BC * LD;
+        const bf16* cV = sV + (j & 1) * BC * LD;
+
+        float s[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t bb[4];
+                load_b_nk(bb, cK, LD, np * 16, ks * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][2 * np], qf[mt][ks], bb[0], bb[1]);
+                    mma_bf16(s[mt][2 * np + 1], qf[mt][ks], bb[2], bb[3]);
+                }
+            }
+
+        const bool mask = k0 + BC - 1 > wrow0;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int row = wrow0 + mt * 16 + g + hf * 8;
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float& x = s[mt][nt][hf * 2 + e];
+                        if (mask && k0 + nt * 8 + 2 * c4 + e > row) x = -INFINITY;
+                        mx = fmaxf(mx, x);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m_run[mt][hf], mx * sl2);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
+                const float corr = exp2f(m_run[mt][hf] - m_use);
+                m_run[mt][hf] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float& x = s[mt][nt][hf * 2 + e];
+                        x = exp2f(fmaf(x, sl2, -m_use));
+                        sum += x;
+                    }
+                l_run[mt][hf] = l_run[mt][hf] * corr + sum;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) o[mt][dt][hf * 2] *= corr, o[mt][dt][hf * 2 + 1] *= corr;
+            }
+
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t bb[4];
+                load_b_kn(bb, cV, LD, kk * 16, dp * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(o[mt][2 * dp], pa[mt], bb[0], bb[1]);
+                    mma_bf16(o[mt][2 * dp + 1], pa[mt], bb[2], bb[3]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float l = l_run[mt][hf];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = wrow0 + mt * 16 + g + hf * 8;
+            if (row >= T) continue;
+            const float inv = 1.0f / l;
+            bf16* dst = out + (size_t(b) * T + row) * C + h * HS + 2 * c4;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                    __floats2bfloat162_rn(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
+            if (c4 == 0) lse[(size_t(b) * NH + h) * T + row] = (m_run[mt][hf] + log2f(l)) * kLn2;
+        }
+}
+
+template <int HS, int WARPS, int MT, int BC>
+void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, cudaStream_t stream) {
+    constexpr int BR = WARPS * MT * 16;
+    const size_t smem = size_t(BR + 4 * BC) * (HS + 8) * sizeof(bf16);
+    auto kernel = forward_kernel<HS, WARPS, MT, BC>;
+    static bool configured = false;
+    if (!configured) allow_smem(kernel, smem), configured = true;
+    const dim3 grid((T + BR - 1) / BR, NH, B);
+    kernel<<<grid, WARPS * 32, smem, stream>>>(out, lse, qkv, T, NH, 1.0f / sqrtf(float(HS)));
+    cuda_check_launch();
+}
+
+// One configuration for every fast-path head size; false where HS has no fast path.
+template <int WARPS, int MT, int BC>
+bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    switch (HS) {
+        case 64: launch_forward<64, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_forward<80, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_forward<128, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        default: return false;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, tensor cores.
+
+// D[b, h, t] = sum_d dout * out over the head's HS values. One warp per (b, t, h).
+__global__ void backward_dot_kernel(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, int HS) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= B * T * NH) return;
+    const int h = row % NH, t = row / NH % T, b = row / (NH * T);
+    const size_t off = size_t(row / NH) * NH * HS + size_t(h) * HS;
+    float sum = 0.0f;
+    for (int d = lane; d < HS; d += 32) sum += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) D[(size_t(b) * NH + h) * T + t] = sum;
+}
+
+// dk, dv for BK = WARPS * MT * 16 keys (MT 16-key tiles per warp), streaming the query tiles (q, dO,
+// lse, D) of BQ rows that can see them. MT = 2 halves the shared-memory reads per MMA: every B
+// fragment (from q or dO) feeds both key tiles.
+template <int HS, int WARPS, int MT, int BQ>
+__global__ void __launch_bounds__(WARPS * 32)
+    backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T, int NH,
+                         float scale) {
+    constexpr int BK = WARPS * MT * 16, LD = HS + 8, NT = BQ / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
+    static_assert(HS % 16 == 0 && BQ % 16 == 0, "tile shapes");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // BK x LD
+    bf16* sV = sK + BK * LD;                       // BK x LD
+    bf16* sQ = sV + BK * LD;                       // 2 x BQ x LD
+    bf16* sO = sQ + 2 * BQ * LD;                   // 2 x BQ x LD (dO)
+    float* sL = reinterpret_cast<float*>(sO + 2 * BQ * LD);  // 2 x BQ (lse)
+    float* sD = sL + 2 * BQ;                                 // 2 x BQ (D)
+
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // early key blocks (most work) first
+    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
+    const size_t stride = 3 * size_t(C);
+    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
+    const bf16* k_src = q_src + C;
+    const bf16* v_src = q_src + 2 * C;
+    const bf16* o_src = dout + size_t(b) * T * C + h * HS;
+    const float* l_src = lse + (size_t(b) * NH + h) * T;
+    const float* d_src = Dsum + (size_t(b) * NH + h) * T;
+    const int kblk0 = kb * BK, wk0 = kblk0 + warp * MT * 16;  // this warp's first key
+    const int qt0 = kblk0 / BQ, n_qt = (T + BQ - 1) / BQ;
+    const float sl2 = scale * kLog2e;
+
+    auto load_query_tile = [&](int qt, int st) {
+        load_rows_async<HS, LD, THREADS>(sQ + st * BQ * LD, q_src, stride, qt * BQ, BQ, T);
+        load_rows_async<HS, LD, THREADS>(sO + st * BQ * LD, o_src, size_t(C), qt * BQ, BQ, T);
+        load_floats_async<THREADS>(sL + st * BQ, l_src, qt * BQ, BQ, T);
+        load_floats_async<THREADS>(sD + st * BQ, d_src, qt * BQ, BQ, T);
+    };
+    load_rows_async<HS, LD, THREADS>(sK, k_src, stride, kblk0, BK, T);
+    load_rows_async<HS, LD, THREADS>(sV, v_src, stride, kblk0, BK, T);
+    load_query_tile(qt0, 0);
+    cp_async_commit();
+
+    float dk[MT][DT][4], dv[MT][DT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][dt][e] = dv[mt][dt][e] = 0.0f;
+
+    for (int qt = qt0; qt < n_qt; qt++) {
+        cp_async_wait_all();
+        __syncthreads();
+        const int st = (qt - qt0) & 1;
+        if (qt + 1 < n_qt) {
+            load_query_tile(qt + 1, st ^ 1);
+            cp_async_commit();
+        }
+        const int q0 = qt * BQ;
+        if (q0 + BQ - 1 < wk0) continue;  // every query of this tile is before every key of this warp
+        const bf16* cQ = sQ + st * BQ * LD;
+        const bf16* cO = sO + st * BQ * LD;
+        const float* cL = sL + st * BQ;
+        const float* cD = sD + st * BQ;
+
+        // s^T = k q^T (this warp's MT x 16 keys x BQ queries)
+        float s[MT][NT][4], dp[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) load_a(a[mt], sK, LD, (warp * MT + mt) * 16, ks * 16);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t bb[4];
+                load_b_nk(bb, cQ, LD, np * 16, ks * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][2 * np], a[mt], bb[0], bb[1]);
+                    mma_bf16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        // P^T from the saved lse; masked: query before key, or past T
+        const bool mask = q0 < wk0 + MT * 16 - 1 || q0 + BQ > T;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + mt * 16 + g + (e >> 1) * 8, query = q0 + qi;
+                    float p = exp2f(fmaf(s[mt][nt][e], sl2, -cL[qi] * kLog2e));
+                    if (mask && (query < key || query >= T)) p = 0.0f;
+                    s[mt][nt][e] = p;
+                }
+        // dv += P^T dO
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+            for (int dpair = 0; dpair < DT / 2; dpair++) {
+                uint32_t bb[4];
+                load_b_kn(bb, cO, LD, kk * 16, dpair * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(dv[mt][2 * dpair], pa[mt], bb[0], bb[1]);
+                    mma_bf16(dv[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        // dP^T = v dO^T
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) load_a(a[mt], sV, LD, (warp * MT + mt) * 16, ks * 16);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t bb[4];
+                load_b_nk(bb, cO, LD, np * 16, ks * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(dp[mt][2 * np], a[mt], bb[0], bb[1]);
+                    mma_bf16(dp[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        // dS^T = P^T * (dP^T - D)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dp[mt][nt][e] = s[mt][nt][e] * (dp[mt][nt][e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
+        // dk += dS^T q
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+#pragma unroll
+            for (int dpair = 0; dpair < DT / 2; dpair++) {
+                uint32_t bb[4];
+                load_b_kn(bb, cQ, LD, kk * 16, dpair * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(dk[mt][2 * dpair], pa[mt], bb[0], bb[1]);
+                    mma_bf16(dk[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int key = wk0 + mt * 16 + g + hf * 8;
+            if (key >= T) continue;
+            bf16* dst = dqkv + (size_t(b) * T + key) * stride + C + h * HS + 2 * c4;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                    __floats2bfloat162_rn(dk[mt][dt][hf * 2] * scale, dk[mt][dt][hf * 2 + 1] * scale);
+                *reinterpret_cast<__nv_bfloat162*>(dst + C + dt * 8) =
+                    __floats2bfloat162_rn(dv[mt][dt][hf * 2], dv[mt][dt][hf * 2 + 1]);
+            }
+        }
+}
+
+// dq for BQ = WARPS * MT * 16 queries (MT 16-query tiles per warp), streaming the key tiles (k, v) of
+// BK rows they see.
+template <int HS, int WARPS, int MT, int BK>
+__global__ void __launch_bounds__(WARPS * 32)
+    backward_dq_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T, int NH,
+                       float scale) {
+    constexpr int BQ = WARPS * MT * 16, LD = HS + 8, NT = BK / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
+    static_assert(HS % 16 == 0 && BK % 16 == 0, "tile shapes");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BQ x LD
+    bf16* sO = sQ + BQ * LD;                       // BQ x LD (dO)
+    bf16* sK = sO + BQ * LD;                       // 2 x BK x LD
+    bf16* sV = sK + 2 * BK * LD;                   // 2 x BK x LD
+
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest blocks first
+    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
+    const size_t stride = 3 * size_t(C);
+    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
+    const bf16* k_src = q_src + C;
+    const bf16* v_src = q_src + 2 * C;
+    const bf16* o_src = dout + size_t(b) * T * C + h * HS;
+    const int q0 = qb * BQ, wq0 = q0 + warp * MT * 16, n_tiles = (min(q0 + BQ, T) - 1) / BK + 1;
+    const float sl2 = scale * kLog2e;
+
+    load_rows_async<HS, LD, THREADS>(sQ, q_src, stride, q0, BQ, T);
+    load_rows_async<HS, LD, THREADS>(sO, o_src, size_t(C), q0, BQ, T);
+    load_rows_async<HS, LD, THREADS>(sK, k_src, stride, 0, BK, T);
+    load_rows_async<HS, LD, THREADS>(sV, v_src, stride, 0, BK, T);
+    cp_async_commit();
+
+    float l2[MT][2], Dr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = wq0 + mt * 16 + g + hf * 8;
+            const size_t i = (size_t(b) * NH + h) * T + row;
+            l2[mt][hf] = row < T ? lse[i] * kLog2e : 0.0f;
+            Dr[mt][hf] = row < T ? Dsum[i] : 0.0f;
+        }
+    float dq[MT][DT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) dq[mt][dt][0] = dq[mt][dt][1] = dq[mt][dt][2] = dq[mt][dt][3] = 0.0f;
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait_all();
+        __syncthreads();
+        if (j + 1 < n_tiles) {
+            const int st = (j + 1) & 1;
+            load_rows_async<HS, LD, THREADS>(sK + st * BK * LD, k_src, stride, (j + 1) * BK, BK, T);
+            load_rows_async<HS, LD, THREADS>(sV + st * BK * LD, v_src, stride, (j + 1) * BK, BK, T);
+            cp_async_commit();
+        }
+        const int k0 = j * BK;
+        if (k0 > wq0 + MT * 16 - 1) continue;  // every key of this tile is after every query of this warp
+        const bf16* cK = sK + (j & 1) * BK * LD;
+        const bf16* cV = sV + (j & 1) * BK * LD;
+
+        float s[MT][NT][4], dp[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+        // s = q k^T and dP = dO v^T
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[MT][4], a2[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                load_a(a[mt], sQ, LD, (warp * MT + mt) * 16, ks * 16);
+                load_a(a2[mt], sO, LD, (warp * MT + mt) * 16, ks * 16);
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t bb[4];
+                load_b_nk(bb, cK, LD, np * 16, ks * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][2 * np], a[mt], bb[0], bb[1]);
+                    mma_bf16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                }
+                load_b_nk(bb, cV, LD, np * 16, ks * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(dp[mt][2 * np], a2[mt], bb[0], bb[1]);
+                    mma_bf16(dp[mt][2 * np + 1], a2[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        // dS = P * (dP - D), P recomputed from lse; keys after the query masked
+        const bool mask = k0 + BK - 1 > wq0;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hf = e >> 1, row = wq0 + mt * 16 + g + hf * 8, key = k0 + nt * 8 + 2 * c4 + (e & 1);
+                    float p = exp2f(fmaf(s[mt][nt][e], sl2, -l2[mt][hf]));
+                    if (mask && key > row) p = 0.0f;
+                    dp[mt][nt][e] = p * (dp[mt][nt][e] - Dr[mt][hf]);
+                }
+        // dq += dS k
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+#pragma unroll
+            for (int dpair = 0; dpair < DT / 2; dpair++) {
+                uint32_t bb[4];
+                load_b_kn(bb, cK, LD, kk * 16, dpair * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(dq[mt][2 * dpair], pa[mt], bb[0], bb[1]);
+                    mma_bf16(dq[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = wq0 + mt * 16 + g + hf * 8;
+            if (row >= T) continue;
+            bf16* dst = dqkv + (size_t(b) * T + row) * stride + h * HS + 2 * c4;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                    __floats2bfloat162_rn(dq[mt][dt][hf * 2] * scale, dq[mt][dt][hf * 2 + 1] * scale);
+        }
+}
+
+inline void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, int HS,
+                                cudaStream_t stream) {
+    const long long rows = (long long)B * T * NH;
+    backward_dot_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream>>>(D, dout, out, B, T, NH, HS);
+    cuda_check_launch();
+}
+
+// Key-side kernel: WK warps x MK 16-key tiles, query tiles of BQ; query-side kernel: WQ warps x MQ
+// 16-query tiles, key tiles of BK.
+template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK>
+void launch_backward(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
+                     int NH, cudaStream_t stream) {
+    launch_backward_dot(D, dout, out, B, T, NH, HS, stream);
+    const float scale = 1.0f / sqrtf(float(HS));
+    {
+        constexpr int BKB = WK * MK * 16;
+        const size_t smem = size_t(2 * BKB + 4 * BQ) * (HS + 8) * sizeof(bf16) + 4 * BQ * sizeof(float);
+        auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ>;
+        static bool configured = false;
+        if (!configured) allow_smem(kernel, smem), configured = true;
+        kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
+        cuda_check_launch();
+    }
+    {
+        constexpr int BQB = WQ * MQ * 16;
+        const size_t smem = size_t(2 * BQB + 4 * BK) * (HS + 8) * sizeof(bf16);
+        auto kernel = backward_dq_kernel<HS, WQ, MQ, BK>;
+        static bool configured = false;
+        if (!configured) allow_smem(kernel, smem), configured = true;
+        kernel<<<dim3((T + BQB - 1) / BQB, NH, B), WQ * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
+        cuda_check_launch();
+    }
+}
+
+template <int WK, int MK, int BQ, int WQ, int MQ, int BK>
+bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
+                 int NH, int HS, cudaStream_t stream) {
+    switch (HS) {
+        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
+        default: return false;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain path: any HS <= 256, any alignment. One warp per row; keys (or queries) in chunks of 32, one
+// per lane for the dot products, then the lanes switch to owning head dimensions (d = lane + 32 i)
+// to accumulate. fp32 throughout.
+
+constexpr int kPlainWarps = 4, kPlainPerLane = kPlainMaxHS / 32;
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float dot_row(const float* x, const bf16* y, int HS) {
+    float s = 0.0f;
+    for (int d = 0; d < HS; d++) s += x[d] * __bfloat162float(y[d]);
+    return s;
+}
+
+// Row r of B * NH * T is (b, h, t) with t fastest.
+__global__ void plain_forward_kernel(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, float scale) {
+    __shared__ float sq[kPlainWarps][kPlainMaxHS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * kPlainWarps + warp;
+    if (row >= (long long)B * NH * T) return;
+    const int t = int(row % T), h = int(row / T % NH), b = int(row / ((long long)T * NH));
+    const int C = NH * HS;
+    const size_t stride = 3 * size_t(C);
+    const bf16* base = qkv + size_t(b) * T * stride + h * HS;
+    const float sl2 = scale * kLog2e;
+    for (int d = lane; d < HS; d += 32) sq[warp][d] = __bfloat162float(base[size_t(t) * stride + d]) * sl2;
+    __syncwarp();
+    float acc[kPlainPerLane] = {};
+    float m = -INFINITY, l = 0.0f;
+    for (int c0 = 0; c0 <= t; c0 += 32) {
+        const int key = c0 + lane;
+        const float s = key <= t ? dot_row(sq[warp], base + size_t(key) * stride + C, HS) : -INFINITY;
+        const float m_new = fmaxf(m, warp_max(s));  // finite: key c0 <= t is in every chunk
+        const float corr = exp2f(m - m_new), p = exp2f(s - m_new);
+        l = l * corr + warp_sum(p);
+        m = m_new;
+#pragma unroll
+        for (int i = 0; i < kPlainPerLane; i++) acc[i] *= corr;
+        const int n = min(32, t - c0 + 1);
+        for (int jj = 0; jj < n; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            const bf16* v = base + size_t(c0 + jj) * stride + 2 * C;
+#pragma unroll
+            for (int i = 0; i < kPlainPerLane; i++)
+                if (lane + 32 * i < HS) acc[i] += pj * __bfloat162float(v[lane + 32 * i]);
+        }
+    }
+    bf16* dst = out + (size_t(b) * T + t) * C + h * HS;
+#pragma unroll
+    for (int i = 0; i < kPlainPerLane; i++)
+        if (lane + 32 * i < HS) dst[lane + 32 * i] = __float2bfloat16(acc[i] / l);
+    if (lane == 0) lse[row] = (m + log2f(l)) * kLn2;
+}
+
+// dq for query row (b, h, t): sum over keys j <= t of dS_tj k_j.
+__global__ void plain_backward_dq_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
+                                         int B, int T, int NH, int HS, float scale) {
+    __shared__ float sq[kPlainWarps][kPlainMaxHS], sdo[kPlainWarps][kPlainMaxHS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * kPlainWarps + warp;
+    if (row >= (long long)B * NH * T) return;
+    const int t = int(row % T), h = int(row / T % NH), b = int(row / ((long long)T * NH));
+    const int C = NH * HS;
+    const size_t stride = 3 * size_t(C);
+    const bf16* base = qkv + size_t(b) * T * stride + h * HS;
+    const float sl2 = scale * kLog2e, l2 = lse[row] * kLog2e, Dt = Dsum[row];
+    for (int d = lane; d < HS; d += 32) {
+        sq[warp][d] = __bfloat162float(base[size_t(t) * stride + d]) * sl2;
+        sdo[warp][d] = __bfloat162float(dout[(size_t(b) * T + t) * C + h * HS + d]);
+    }
+    __syncwarp();
+    float acc[kPlainPerLane] = {};
+    for (int c0 = 0; c0 <= t; c0 += 32) {
+        const int key = c0 + lane;
+        float ds = 0.0f;
+        if (key <= t) {
+            const float p = exp2f(dot_row(sq[warp], base + size_t(key) * stride + C, HS) - l2);
+            ds = p * (dot_row(sdo[warp], base + size_t(key) * stride + 2 * C, HS) - Dt);
+        }
+        const int n = min(32, t - c0 + 1);
+        for (int jj = 0; jj < n; jj++) {
+            const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+            const bf16* k = base + size_t(c0 + jj) * stride + C;
+#pragma unroll
+            for (int i = 0; i < kPlainPerLane; i++)
+                if (lane + 32 * i < HS) acc[i] += dsj * __bfloat162float(k[lane + 32 * i]);
+        }
+    }
+    bf16* dst = dqkv + (size_t(b) * T + t) * stride + h * HS;
+#pragma unroll
+    for (int i = 0; i < kPlainPerLane; i++)
+        if (lane + 32 * i < HS) dst[lane + 32 * i] = __float2bfloat16(acc[i] * scale);
+}
+
+// dk, dv for key row (b, h, j): sums over queries t >= j.
+__global__ void plain_backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum,
+                                           const bf16* qkv, int B, int T, int NH, int HS, float scale) {
+    __shared__ float sk[kPlainWarps][kPlainMaxHS], sv[kPlainWarps][kPlainMaxHS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * kPlainWarps + warp;
+    if (row >= (long long)B * NH * T) return;
+    const int j = int(row % T), h = int(row / T % NH), b = int(row / ((long long)T * NH));
+    const int C = NH * HS;
+    const size_t stride = 3 * size_t(C);
+    const bf16* base = qkv + size_t(b) * T * stride + h * HS;
+    const bf16* dbase = dout + size_t(b) * T * C + h * HS;
+    const float* lrow = lse + (row - j);
+    const float* drow = Dsum + (row - j);
+    const float sl2 = scale * kLog2e;
+    for (int d = lane; d < HS; d += 32) {
+        sk[warp][d] = __bfloat162float(base[size_t(j) * stride + C + d]) * sl2;
+        sv[warp][d] = __bfloat162float(base[size_t(j) * stride + 2 * C + d]);
+    }
+    __syncwarp();
+    float dk[kPlainPerLane] = {}, dv[kPlainPerLane] = {};
+    for (int c0 = j; c0 < T; c0 += 32) {
+        const int query = c0 + lane;
+        float p = 0.0f, ds = 0.0f;
+        if (query < T) {
+            p = exp2f(dot_row(sk[warp], base + size_t(query) * stride, HS) - lrow[query] * kLog2e);
+            ds = p * (dot_row(sv[warp], dbase + size_t(query) * C, HS) - drow[query]);
+        }
+        const int n = min(32, T - c0);
+        for (int jj = 0; jj < n; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj), dsj = __shfl_sync(0xffffffffu, ds, jj);
+            const bf16* q = base + size_t(c0 + jj) * stride;
+            const bf16* g = dbase + size_t(c0 + jj) * C;
+#pragma unroll
+            for (int i = 0; i < kPlainPerLane; i++)
+                if (lane + 32 * i < HS) {
+                    dv[i] += pj * __bfloat162float(g[lane + 32 * i]);
+                    dk[i] += dsj * __bfloat162float(q[lane + 32 * i]);
+                }
+        }
+    }
+    bf16* dst = dqkv + (size_t(b) * T + j) * stride + C + h * HS;
+#pragma unroll
+    for (int i = 0; i < kPlainPerLane; i++)
+        if (lane + 32 * i < HS) {
+            dst[lane + 32 * i] = __float2bfloat16(dk[i] * scale);
+            dst[C + lane + 32 * i] = __float2bfloat16(dv[i]);
+        }
+}
+
+inline void forward_plain(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    const long long rows = (long long)B * NH * T;
+    plain_forward_kernel<<<unsigned((rows + kPlainWarps - 1) / kPlainWarps), kPlainWarps * 32, 0, stream>>>(
+        out, lse, qkv, B, T, NH, HS, 1.0f / sqrtf(float(HS)));
+    cuda_check_launch();
+}
+
+inline void backward_plain(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
+                           int T, int NH, int HS, cudaStream_t stream) {
+    launch_backward_dot(D, dout, out, B, T, NH, HS, stream);
+    const long long rows = (long long)B * NH * T;
+    const unsigned blocks = unsigned((rows + kPlainWarps - 1) / kPlainWarps);
+    const float scale = 1.0f / sqrtf(float(HS));
+    plain_backward_dq_kernel<<<blocks, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale);
+    cuda_check_launch();
+    plain_backward_dkdv_kernel<<<blocks, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale);
+    cuda_check_launch();
+}
+
+inline void check_shape(int B, int T, int NH, int HS) {
+    if (B < 1 || T < 1 || NH < 1 || HS < 1 || HS > kPlainMaxHS)
+        fail("flash attention: unsupported shape B=%d T=%d NH=%d HS=%d (HS must be 1..%d)", B, T, NH, HS, kPlainMaxHS);
+}
+
+}  // namespace flash_detail
+
+// ---------------------------------------------------------------------------------------------
+// Public API.
+
+// True where the tensor-core path runs (given 16-byte aligned pointers); other head sizes <= 256 run
+// the plain path, correct but slow.
+inline bool flash_attention_supported(int head_size) { return head_size == 64 || head_size == 80 || head_size == 128; }
+
+// out (B, T, NH*HS) and lse (B, NH, T) from qkv (B, T, 3*NH*HS).
+inline void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int HS,
+                                    cudaStream_t stream = 0) {
+    using namespace flash_detail;
+    check_shape(B, T, NH, HS);
+    const bool fast = flash_attention_supported(HS) && is_aligned16(out) && is_aligned16(qkv);
+    if (fast) {
+        if (HS == 128) forward_tc<4, 1, 64>(out, lse, qkv, B, T, NH, HS, stream);  // 2 row tiles spill here
+        else forward_tc<4, 2, 64>(out, lse, qkv, B, T, NH, HS, stream);
+    } else {
+        forward_plain(out, lse, qkv, B, T, NH, HS, stream);
+    }
+}
+
+// Scratch for the backward: D = rowsum(dout * out), fp32 (B, NH, T).
+inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
+    (void)HS;
+    return (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256;
+}
+
+// dqkv (B, T, 3*NH*HS), overwritten, from dout and out (B, T, NH*HS), lse (B, NH, T) and qkv.
+inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* out,
+                                     const float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int HS,
+                                     cudaStream_t stream = 0) {
+    using namespace flash_detail;
+    check_shape(B, T, NH, HS);
+    float* D = static_cast<float*>(scratch);
+    const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(qkv);
+    if (fast) {
+        backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
+    } else {
+        backward_plain(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
+    }
+}
