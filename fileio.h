@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -101,6 +102,15 @@ inline bool write_file_atomic(const std::string& path, const std::vector<std::pa
         set_error("cannot rename a temp file onto", path);
         unlink(tmp.c_str());
         return false;
+    }
+    // The rename lives in the folder: sync it too, so after a power loss the new name is on disk
+    // before anything (pruning older checkpoints, say) relies on it.
+    const size_t slash = path.find_last_of('/');
+    const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    const int dir_fd = open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dir_fd >= 0) {
+        fsync(dir_fd);
+        close(dir_fd);
     }
     return true;
 }

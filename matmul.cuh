@@ -22,6 +22,9 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <map>
+#include <tuple>
+
 #include "common.cuh"
 
 inline void cublas_check_impl(cublasStatus_t status, const char* expr, const char* file, int line) {
@@ -89,36 +92,54 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float
                               ldb, &beta, C, cuda_data_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-template <typename T>
-void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, cudaStream_t stream = 0) {
+// A cuBLASLt plan for one shape: descriptors and the heuristic's algorithm, made once per shape
+// (the heuristic query costs tens of microseconds of CPU, every layer of every step otherwise).
+struct MatmulPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    bool has_algo = false;
+};
+
+template <typename T> MatmulPlan& matmul_plan(int N, int C, int OC, bool bias) {
+    static std::map<std::tuple<int, int, int, bool>, MatmulPlan> plans;
+    MatmulPlan& plan = plans[std::make_tuple(N, C, OC, bias)];
+    if (plan.desc) return plan;
     BlasContext& b = blas();
     const cudaDataType_t type = cuda_data_type<T>();
-    cublasLtMatmulDesc_t desc;
-    cublas_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-    cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
-    cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
-    if (bias) {
-        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        cublas_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    }
-    cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
-    cublas_check(cublasLtMatrixLayoutCreate(&a_layout, type, C, OC, C));
-    cublas_check(cublasLtMatrixLayoutCreate(&b_layout, type, C, N, C));
-    cublas_check(cublasLtMatrixLayoutCreate(&d_layout, type, OC, N, OC));
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+    const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, C, OC, C));
+    cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, C, N, C));
+    cublas_check(cublasLtMatrixLayoutCreate(&plan.d, type, OC, N, OC));
     cublasLtMatmulPreference_t pref;
     cublas_check(cublasLtMatmulPreferenceCreate(&pref));
     cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
                                                       sizeof(b.workspace_bytes)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(b.lt, desc, a_layout, b_layout, d_layout, d_layout, pref, 1, &heuristic, &found);
+    if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &heuristic, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0)
+        plan.algo = heuristic.algo, plan.has_algo = true;
+    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
+    return plan;
+}
+
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, cudaStream_t stream = 0) {
+    BlasContext& b = blas();
+    MatmulPlan& plan = matmul_plan<T>(N, C, OC, bias != nullptr);
     const float alpha = 1.0f, beta = 0.0f;
-    if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
-        cublas_check(cublasLtMatmul(b.lt, desc, &alpha, weight, a_layout, inp, b_layout, &beta, out, d_layout, out, d_layout,
-                                    &heuristic.algo, b.workspace, b.workspace_bytes, stream));
+    if (plan.has_algo) {
+        if (bias)
+            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cublas_check(cublasLtMatmul(b.lt, plan.desc, &alpha, weight, plan.a, inp, plan.b, &beta, out, plan.d, out, plan.d,
+                                    &plan.algo, b.workspace, b.workspace_bytes, stream));
     } else {
         gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC, stream);
         if (bias) {
@@ -126,11 +147,6 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
             cuda_check_launch();
         }
     }
-    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
-    cublas_check(cublasLtMatrixLayoutDestroy(a_layout));
-    cublas_check(cublasLtMatrixLayoutDestroy(b_layout));
-    cublas_check(cublasLtMatrixLayoutDestroy(d_layout));
-    cublas_check(cublasLtMatmulDescDestroy(desc));
 }
 
 // dinp may be null (not needed), dbias may be null (no bias).

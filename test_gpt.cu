@@ -105,13 +105,15 @@ template <typename T> static std::vector<float> download(const T* d, size_t n) {
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     std::string checkpoint, reference, save_path;
+    bool flash = true;
     for (int i = 1; i < argc; i++) {
         const std::string f = argv[i];
         if (f == "-h" || f == "--help") {
             printf("usage: test_gpt_%s -e CHECKPOINT -r REFERENCE [-s SAVE]\n"
                    "  -e  checkpoint written by gpt_reference.py init\n"
                    "  -r  reference state written by gpt_reference.py state for that checkpoint\n"
-                   "  -s  write the model after the reference's K steps here (for gpt_reference.py loss)\n",
+                   "  -s  write the model after the reference's K steps here (for gpt_reference.py loss)\n"
+                   "  -fa 0|1  flash attention where it runs (default 1), else cuBLAS attention\n",
                    PRECISION_NAME);
             return 0;
         }
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
         if (f == "-e") checkpoint = argv[++i];
         else if (f == "-r") reference = argv[++i];
         else if (f == "-s") save_path = argv[++i];
+        else if (f == "-fa") flash = parse_int_flag("-fa", argv[++i], 0, 1) != 0;
         else fail("unknown flag %s (-h for usage)", argv[i]);
     }
     if (checkpoint.empty() || reference.empty()) fail("give -e CHECKPOINT and -r REFERENCE (-h for usage)");
@@ -140,7 +143,8 @@ int main(int argc, char** argv) {
     printf("%s, %d steps, tensor bound %.0e, loss bound %.0e\n", label, ref.K, kTensorTol, kLossTol);
 
     GPT m;
-    gpt_create(m, host, ref.B, ref.T);
+    gpt_create(m, host, ref.B, ref.T, flash);
+    printf("attention: %s\n", m.flash ? "flash (flash_attention.cuh)" : "cuBLAS (attention.cuh)");
     const int B = ref.B, T = ref.T, BT = B * T;
 
     // Forward only: logits and loss.

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "adamw.cuh"
@@ -30,6 +31,7 @@
 #include "common.cuh"
 #include "encoder.cuh"
 #include "fileio.h"
+#include "flash_attention.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
 
@@ -232,7 +234,7 @@ struct ActivationTensors {
     floatX* ln1;        // (L, B, T, C)  LayerNorm 1 output
     floatX* qkv;        // (L, B, T, 3C)
     floatX* atty;       // (L, B, T, C)  attention output before the projection
-    floatX* att;        // (L, B, NH, T, T) softmax probabilities
+    floatX* att;        // (L, B, NH, T, T) softmax probabilities (cuBLAS attention only; flash keeps attn_lse)
     floatX* residual2;  // (L, B, T, C)  residual after attention
     floatX* ln2;        // (L, B, T, C)
     floatX* fch;        // (L, B, T, 4C) MLP hidden, before GELU
@@ -260,16 +262,19 @@ struct StatTensors {
     float* lnf_mean;  // (B, T)
     float* lnf_rstd;  // (B, T)
     float* losses;    // (B, T)
+    float* attn_lse;  // (L, B, NH, T) flash attention's log-sum-exp per query (flash only)
 };
 constexpr int NUM_STAT_TENSORS = sizeof(StatTensors) / sizeof(float*);
 
-inline void activation_sizes(const GPTConfig& c, int B, int T, size_t act[NUM_ACT_TENSORS], size_t stat[NUM_STAT_TENSORS]) {
-    const size_t L = c.L, BT = size_t(B) * T, C = c.C, NH = c.NH;
-    const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * C,     L * BT * 3 * C, L * BT * C,     L * B * NH * T * T,
+// With flash attention the (B, NH, T, T) tensors and the per-head scratch are not needed (size 0).
+inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, size_t act[NUM_ACT_TENSORS],
+                             size_t stat[NUM_STAT_TENSORS]) {
+    const size_t L = c.L, BT = size_t(B) * T, C = c.C, NH = c.NH, TT = flash ? 0 : size_t(T) * T, heads = flash ? 0 : 1;
+    const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * C,     L * BT * 3 * C, L * BT * C,     L * B * NH * TT,
                                        L * BT * C, L * BT * C,     L * BT * 4 * C, L * BT * 4 * C, L * BT * C,
-                                       BT * C,     BT * c.Vp,      BT * C,         3 * BT * C,     BT * C,
-                                       BT * C,     BT * C,         BT * 4 * C,     3 * BT * C,     size_t(B) * NH * T * T};
-    const size_t s[NUM_STAT_TENSORS] = {L * BT, L * BT, L * BT, L * BT, BT, BT, BT};
+                                       BT * C,     BT * c.Vp,      BT * C,         heads * 3 * BT * C, heads * BT * C,
+                                       BT * C,     BT * C,         BT * 4 * C,     heads * 3 * BT * C, size_t(B) * NH * TT};
+    const size_t s[NUM_STAT_TENSORS] = {L * BT, L * BT, L * BT, L * BT, BT, BT, BT, flash ? L * NH * BT : 0};
     std::copy(a, a + NUM_ACT_TENSORS, act);
     std::copy(s, s + NUM_STAT_TENSORS, stat);
 }
@@ -305,6 +310,8 @@ struct GPT {
     floatX* acts_memory = nullptr;
     float* stats_memory = nullptr;
     void* ln_scratch = nullptr;
+    bool flash = false;             // attention through flash_attention.cuh (bf16 builds, head sizes it takes)
+    void* flash_scratch = nullptr;  // its backward's scratch
     float* norm_squared = nullptr;  // (1)
     float* norm_partials = nullptr;
     int* inputs = nullptr;   // (B, T) device
@@ -327,9 +334,16 @@ __global__ void convert_params_kernel(floatX* out, const float* in, size_t n) {
         out[i] = from_float<floatX>(in[i]);
 }
 
-inline void gpt_create(GPT& m, const HostModel& host, int B, int T) {
+// True where flash attention can run: bf16 builds, head sizes with its tensor-core path.
+inline bool flash_attention_usable(const GPTConfig& c) {
+    return std::is_same<floatX, __nv_bfloat16>::value && flash_attention_supported(c.C / c.NH);
+}
+
+// use_flash: take flash attention where usable (else the cuBLAS attention of attention.cuh).
+inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_flash = true) {
     m.config = host.config;
     m.B = B, m.T = T;
+    m.flash = use_flash && flash_attention_usable(m.config);
     param_sizes(m.config, m.param_sizes);
     m.num_params = num_parameters(m.config);
     const size_t np = m.num_params;
@@ -350,7 +364,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T) {
     else cuda_check(cudaFree(staging));
 
     size_t act_sizes[NUM_ACT_TENSORS], stat_sizes[NUM_STAT_TENSORS];
-    activation_sizes(m.config, B, T, act_sizes, stat_sizes);
+    activation_sizes(m.config, B, T, m.flash, act_sizes, stat_sizes);
     floatX** act_views = reinterpret_cast<floatX**>(&m.acts);
     float** stat_views = reinterpret_cast<float**>(&m.stats);
     m.acts_memory = gpt_alloc<floatX>(m, carve<floatX>(act_views, NUM_ACT_TENSORS, nullptr, act_sizes), "activations");
@@ -360,6 +374,9 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T) {
 
     const int BT = B * T;
     m.ln_scratch = gpt_alloc<void>(m, layernorm_backward_scratch_bytes(BT, m.config.C), "LayerNorm backward scratch");
+    if (m.flash)
+        m.flash_scratch = gpt_alloc<void>(m, flash_attention_backward_scratch_bytes(B, T, m.config.NH, m.config.C / m.config.NH),
+                                          "flash attention scratch");
     m.norm_squared = gpt_alloc<float>(m, sizeof(float), "gradient norm");
     m.norm_partials = gpt_alloc<float>(m, kNormBlocks * sizeof(float), "gradient norm partials");
     m.inputs = gpt_alloc<int>(m, BT * sizeof(int), "inputs");
@@ -372,7 +389,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T) {
 
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
-                                                m.stats_memory, m.ln_scratch, m.norm_squared, m.norm_partials, m.inputs,
+                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.norm_squared, m.norm_partials, m.inputs,
                                                 m.targets, m.buckets})
         if (p) cuda_check(cudaFree(p));
     if (m.host_losses) cuda_check(cudaFreeHost(m.host_losses));
@@ -396,6 +413,65 @@ inline void gpt_set_batch(GPT& m, const int* inputs, const int* targets, int B, 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Phase profiler (-pf 1): mark(name) records a CUDA event; the GPU time until the next mark is
+// charged to `name` ("fwd.matmul", "bwd.attention", ...). Off by default (events cost a little);
+// when off, mark() returns at once. Sums are read after the step's synchronisation.
+
+struct Profiler {
+    bool on = false;
+    std::vector<cudaEvent_t> events;
+    std::vector<const char*> names;  // names[i] is charged the time from events[i] to events[i + 1]
+    size_t used = 0;
+    std::vector<std::pair<std::string, double>> total_ms;  // in first-seen order
+    int steps = 0;
+
+    void mark(const char* name) {
+        if (!on) return;
+        if (used == events.size()) {
+            cudaEvent_t e;
+            cuda_check(cudaEventCreate(&e));
+            events.push_back(e), names.push_back(nullptr);
+        }
+        cuda_check(cudaEventRecord(events[used]));
+        names[used++] = name;
+    }
+    void discard() { used = 0; }  // drops marks made outside a training step (validation, sampling)
+    // After a synchronisation: adds this step's spans to the totals.
+    void collect() {
+        if (!on) return;
+        for (size_t i = 0; i + 1 < used; i++) {
+            if (!names[i]) continue;
+            float ms = 0;
+            cuda_check(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+            auto it = std::find_if(total_ms.begin(), total_ms.end(), [&](auto& p) { return p.first == names[i]; });
+            if (it == total_ms.end()) total_ms.emplace_back(names[i], ms);
+            else it->second += ms;
+        }
+        used = 0;
+        steps++;
+    }
+    void report() const {
+        if (!on || steps == 0) return;
+        double all = 0;
+        for (auto& p : total_ms) all += p.second;
+        printf("GPU time per step by phase (mean of %d steps, %.2f ms in all):\n", steps, all / steps);
+        for (const char* prefix : {"fwd.", "bwd.", "opt."}) {
+            double sum = 0;
+            for (auto& p : total_ms)
+                if (p.first.rfind(prefix, 0) == 0) sum += p.second;
+            printf("  %-14s %8.3f ms  %5.1f%%\n", prefix, sum / steps, 100.0 * sum / all);
+            for (auto& p : total_ms)
+                if (p.first.rfind(prefix, 0) == 0)
+                    printf("    %-16s %8.3f ms  %5.1f%%\n", p.first.c_str(), p.second / steps, 100.0 * p.second / all);
+        }
+    }
+};
+inline Profiler& profiler() {
+    static Profiler p;
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward. With `dloss` != 0 the classifier also turns the logits into dlogits (scaled by dloss, the
 // weight of each position's loss in the step's mean loss), ready for gpt_backward. With targets =
 // false, the logits are left as they are (sampling).
@@ -408,7 +484,10 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     const StatTensors& s = m.stats;
     const size_t btc = size_t(BT) * C;
 
+    Profiler& prof = profiler();
+    prof.mark("fwd.encoder");
     encoder_forward(a.encoded, m.inputs, p.wte, p.wpe, B, T, C);
+    prof.mark("fwd.layernorm");
     layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C);
     for (int l = 0; l < L; l++) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;  // this layer's input residual
@@ -422,14 +501,25 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* fch_gelu = a.fch_gelu + l * 4 * btc;
         floatX* residual3 = a.residual3 + l * btc;
 
+        prof.mark("fwd.matmul");
         matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C);
-        attention_forward(atty, att, a.qkvr, a.yr, qkv, B, T, C, NH);
+        prof.mark("fwd.attention");
+#if !defined(ENABLE_FP32)  // flash attention is bf16 only
+        if (m.flash) flash_attention_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
+#endif
+        if (!m.flash) attention_forward(atty, att, a.qkvr, a.yr, qkv, B, T, C, NH);
+        prof.mark("fwd.matmul");
         matmul_forward(a.block_out, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C);
+        prof.mark("fwd.layernorm");
         fused_residual_layernorm_forward(residual2, ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, x, a.block_out,
                                          p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        prof.mark("fwd.matmul");
         matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C);
+        prof.mark("fwd.gelu");
         gelu_forward(fch_gelu, fch, 4 * btc);
+        prof.mark("fwd.matmul");
         matmul_forward(a.block_out, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C);
+        prof.mark("fwd.layernorm");
         // The residual add is fused with the next LayerNorm: ln_1 of the next layer, or ln_f.
         if (l + 1 < L)
             fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * btc, s.ln1_mean + (l + 1) * BT,
@@ -439,8 +529,11 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
             fused_residual_layernorm_forward(residual3, a.lnf, s.lnf_mean, s.lnf_rstd, residual2, a.block_out, p.lnfw,
                                              p.lnfb, BT, C);
     }
+    prof.mark("fwd.matmul");
     matmul_forward(a.logits, a.lnf, p.wte, (const floatX*)nullptr, BT, C, c.Vp);  // LM head tied to wte
+    prof.mark("fwd.classifier");
     if (targets) fused_classifier(a.logits, s.losses, m.targets, dloss, BT, c.V, c.Vp);
+    prof.mark(nullptr);
 }
 
 // Mean of the per-position losses of the last forward (synchronizes; fixed summation order).
@@ -465,9 +558,13 @@ inline void gpt_backward(GPT& m, int B, int T) {
     const StatTensors& s = m.stats;
     const size_t btc = size_t(BT) * C;
 
+    Profiler& prof = profiler();
+    prof.mark("bwd.other");
     cuda_check(cudaMemsetAsync(a.dresidual, 0, btc * sizeof(floatX)));
     // LM head: a.logits holds dlogits now.
+    prof.mark("bwd.matmul");
     matmul_backward(a.dln, g.wte, (floatX*)nullptr, a.logits, a.lnf, p.wte, BT, C, c.Vp);
+    prof.mark("bwd.layernorm");
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, m.ln_scratch, a.dln, a.residual3 + (L - 1) * btc, p.lnfw, s.lnf_mean,
                        s.lnf_rstd, BT, C);
     for (int l = L - 1; l >= 0; l--) {
@@ -482,30 +579,46 @@ inline void gpt_backward(GPT& m, int B, int T) {
         const floatX* fch_gelu = a.fch_gelu + l * 4 * btc;
 
         // MLP. dresidual is the gradient of residual3 = residual2 + fcproj, so also of fcproj.
+        prof.mark("bwd.matmul");
         matmul_backward(a.dbig, g.fcprojw + size_t(l) * 4 * C * C, g.fcprojb + size_t(l) * C, a.dresidual, fch_gelu,
                         p.fcprojw + size_t(l) * 4 * C * C, BT, 4 * C, C);
+        prof.mark("bwd.gelu");
         gelu_backward_inplace(a.dbig, fch, 4 * btc);
+        prof.mark("bwd.matmul");
         matmul_backward(a.dln, g.fcw + size_t(l) * 4 * C * C, g.fcb + size_t(l) * 4 * C, a.dbig, ln2,
                         p.fcw + size_t(l) * 4 * C * C, BT, C, 4 * C);
         // += into dresidual: it becomes the gradient of residual2.
+        prof.mark("bwd.layernorm");
         layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
                            s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C);
         // Attention. dln now holds the gradient of atty, dbig that of qkv.
+        prof.mark("bwd.matmul");
         matmul_backward(a.dln, g.attprojw + size_t(l) * C * C, g.attprojb + size_t(l) * C, a.dresidual, atty,
                         p.attprojw + size_t(l) * C * C, BT, C, C);
-        attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
+        prof.mark("bwd.attention");
+#if !defined(ENABLE_FP32)
+        if (m.flash)
+            flash_attention_backward(a.dbig, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
+                                     C / NH);
+#endif
+        if (!m.flash) attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
+        prof.mark("bwd.matmul");
         matmul_backward(a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, a.dbig, ln1,
                         p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C);
         // += into dresidual: it becomes the gradient of this layer's input x.
+        prof.mark("bwd.layernorm");
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C);
     }
     const int* d = m.buckets;
+    prof.mark("bwd.encoder");
     encoder_backward(g.wte, g.wpe, a.dresidual, d, d + BT, d + 2 * BT + 1, m.num_buckets, B, T, C);
+    prof.mark(nullptr);
 }
 
 // Global gradient norm (synchronizes to return it).
 inline float gpt_grad_norm(GPT& m) {
+    profiler().mark("opt.grad_norm");
     global_norm_squared(m.norm_squared, m.norm_partials, m.grads_memory, m.num_params);
     float norm_squared = 0.0f;
     cuda_check(cudaMemcpy(&norm_squared, m.norm_squared, sizeof(float), cudaMemcpyDeviceToHost));
@@ -525,7 +638,9 @@ inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) table.end[i] = (end += m.param_sizes[i]);
     AdamWHyper hyper{lr, h.beta1, h.beta2, h.eps, h.weight_decay,
                      1.0f - std::pow(h.beta1, (float)t), 1.0f - std::pow(h.beta2, (float)t), grad_scale};
+    profiler().mark("opt.adamw");
     adamw_update(m.params_memory, m.master, m.grads_memory, m.adam_m, m.adam_v, m.num_params, table, hyper);
+    profiler().mark(nullptr);
 }
 
 // PyTorch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); clip <= 0 disables clipping.
@@ -658,8 +773,19 @@ inline std::vector<int> checkpoint_steps(const std::string& dir) {
     return steps;
 }
 
-// Keeps the newest `keep` complete checkpoints; called only after a new one is complete.
+// Keeps the newest `keep` complete checkpoints; called only after a new one is complete. Also removes
+// temporary files a killed checkpoint write left behind (model_/state_*.tmp.*, gigabytes each).
 inline void prune_checkpoints(const std::string& dir, int keep) {
+    if (DIR* d = opendir(dir.c_str())) {
+        std::vector<std::string> stale;
+        while (dirent* e = readdir(d)) {
+            const std::string name = e->d_name;
+            if ((name.rfind("model_", 0) == 0 || name.rfind("state_", 0) == 0) && name.find(".tmp") != std::string::npos)
+                stale.push_back(dir + "/" + name);
+        }
+        closedir(d);
+        for (const std::string& path : stale) unlink(path.c_str());
+    }
     std::vector<int> steps = checkpoint_steps(dir);
     for (size_t i = keep; i < steps.size(); i++) {
         unlink(checkpoint_path(dir, "model", steps[i]).c_str());
@@ -745,12 +871,15 @@ struct Options {
     std::string tokenizer_path = "data/gpt2_tokenizer.bin";
     std::string model = "d12";
     std::string out_dir;
+    bool tokenizer_given = false;  // -z given: a missing file is an error, not "print token ids"
     int checkpoint_every = 0, checkpoint_keep = 2, resume = 0;
     int B = 16, T = 1024, total_batch = 0, max_steps = 100;
     float lr = 6e-4f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
     int warmup = 10, val_every = 20, val_batches = 20, sample_every = 50, gen_len = 64;
     long seed = 1337;
     int shuffle = 1;
+    int profile = 0;
+    int flash = 1;
 };
 
 static void usage(const Options& d) {
@@ -778,12 +907,14 @@ static void usage(const Options& d) {
            "  -g <int>    tokens per sample (default %d)\n"
            "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
            "  -sh <0|1>   shuffle the training windows each epoch (default %d)\n"
+           "  -pf <0|1>   time every kernel family with CUDA events, print the breakdown at the end (default %d)\n"
+           "  -fa <0|1>   flash attention where it runs (bf16 builds, head size 64/80/128), else cuBLAS attention (default %d)\n"
            "  -h          this help\n"
            "Each step prints loss, grad norm, lr, time, tokens/s and MFU = 6*N + 12*L*C*T FLOPs per token\n"
            "(PaLM's count) over the peak of an H100 SXM (989 TFLOP/s dense bf16; 67 TFLOP/s fp32).\n",
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
-           d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle);
+           d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle, d.profile, d.flash);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -801,7 +932,7 @@ static Options parse_options(int argc, char** argv) {
         const char* fl = argv[i];
         if (f == "-i") o.train_path = v;
         else if (f == "-j") o.val_path = v;
-        else if (f == "-z") o.tokenizer_path = v;
+        else if (f == "-z") o.tokenizer_path = v, o.tokenizer_given = true;
         else if (f == "-e") o.model = v;
         else if (f == "-o") o.out_dir = v;
         else if (f == "-n") o.checkpoint_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
@@ -822,6 +953,8 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-g") o.gen_len = (int)parse_int_flag(fl, v, 1, 65536);
         else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);
         else if (f == "-sh") o.shuffle = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-pf") o.profile = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-fa") o.flash = (int)parse_int_flag(fl, v, 0, 1);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
     }
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
@@ -829,6 +962,7 @@ static Options parse_options(int argc, char** argv) {
     if (o.total_batch % (o.B * o.T) != 0)
         fail("-d %d: the total batch size must be a multiple of B*T = %d", o.total_batch, o.B * o.T);
     if (o.resume && o.out_dir.empty()) fail("-y 1 resumes from the output folder: give it with -o");
+    if (o.checkpoint_every > 0 && o.out_dir.empty()) fail("-n %d writes checkpoints into the output folder: give it with -o", o.checkpoint_every);
     return o;
 }
 
@@ -874,6 +1008,11 @@ int main(int argc, char** argv) {
     std::string error;
     bool resumed = false;
     if (!o.out_dir.empty()) prepare_out_dir(o.out_dir);
+    // A new run must not share a folder with another run's checkpoints: pruning keeps the highest
+    // steps, so it would delete this run's own checkpoints, and -y 1 would take the other run's.
+    if (!o.out_dir.empty() && !o.resume && !checkpoint_steps(o.out_dir).empty())
+        fail("output folder '%s' already holds checkpoints (newest: step %d): resume with -y 1, or give another -o",
+             o.out_dir.c_str(), checkpoint_steps(o.out_dir)[0]);
     if (o.resume) {
         for (int step : checkpoint_steps(o.out_dir)) {
             if (load_checkpoint(o.out_dir, step, o.B, o.T, host, state, &error)) {
@@ -884,12 +1023,14 @@ int main(int argc, char** argv) {
             fprintf(stderr, "warning: skipping checkpoint of step %d: %s\n", step, error.c_str());
         }
         if (!resumed) printf("no valid checkpoint in %s: starting from -e %s\n", o.out_dir.c_str(), o.model.c_str());
+        // Else the final checkpoint would be labelled step -x while holding the later weights.
+        if (resumed && state.step > o.max_steps)
+            fail("-x %d is below step %d of the checkpoint in %s (give a larger -x to continue it)", o.max_steps,
+                 state.step, o.out_dir.c_str());
     }
-    if (!resumed) {
-        GPTConfig c;
-        if (config_from_descriptor(o.model, c)) host = random_init(c, (uint64_t)o.seed);
-        else if (!read_checkpoint(o.model, host, &error)) fail("-e %s: %s", o.model.c_str(), error.c_str());
-    }
+    // A descriptor's random init (seconds for d12) waits until every other input has been checked.
+    const bool fresh_init = !resumed && config_from_descriptor(o.model, host.config);
+    if (!resumed && !fresh_init && !read_checkpoint(o.model, host, &error)) fail("-e %s: %s", o.model.c_str(), error.c_str());
     const GPTConfig& c = host.config;
     if (o.T > c.maxT) fail("-t %d is larger than the model's maximum sequence length %d", o.T, c.maxT);
     DataLoader train, val;
@@ -901,12 +1042,13 @@ int main(int argc, char** argv) {
         train.seek(state.loader_epoch, state.loader_cursor);
     }
     Tokenizer tokenizer;
-    const bool have_tokenizer = file_exists(o.tokenizer_path);
+    const bool have_tokenizer = o.tokenizer_given || file_exists(o.tokenizer_path);
     if (have_tokenizer) tokenizer = read_tokenizer(o.tokenizer_path);
     else if (o.sample_every > 0) fprintf(stderr, "warning: no tokenizer at %s: samples print token ids\n", o.tokenizer_path.c_str());
     if (have_tokenizer && tokenizer.vocab_size != c.V)
         fail("tokenizer '%s' has %d tokens, the model %d", o.tokenizer_path.c_str(), tokenizer.vocab_size, c.V);
     const int eot = have_tokenizer && tokenizer.eot_token >= 0 ? tokenizer.eot_token : c.V - 1;
+    if (fresh_init) host = random_init(host.config, (uint64_t)o.seed);
     const int accum = o.total_batch / (o.B * o.T);
     const int val_batches = (int)std::min<size_t>(o.val_batches, val.windows);
 
@@ -915,7 +1057,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cuda_check(cudaGetDeviceProperties(&prop, 0));
     GPT m;
-    gpt_create(m, host, o.B, o.T);
+    profiler().on = o.profile != 0;
+    gpt_create(m, host, o.B, o.T, o.flash != 0);
     if (resumed) {
         cuda_check(cudaMemcpy(m.adam_m, state.adam_m.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
         cuda_check(cudaMemcpy(m.adam_v, state.adam_v.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
@@ -925,8 +1068,8 @@ int main(int argc, char** argv) {
     const size_t real_params = m.num_params - size_t(c.Vp - c.V) * c.C;
     const double flops_per_token = 6.0 * real_params + 12.0 * c.L * c.C * o.T;
     const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
-    printf("device: %s | precision %s | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n", prop.name,
-           PRECISION_NAME, c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
+    printf("device: %s | precision %s | %s attention | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
+           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
     printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
            "(%d batches)\n",
            o.B, o.T, o.total_batch, accum, train.file.tokens.size(), train.windows, val.file.tokens.size(), val_batches);
@@ -983,6 +1126,7 @@ int main(int argc, char** argv) {
         if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) sample(step);
 
         const double t0 = now_seconds();
+        profiler().discard();
         gpt_zero_grad(m);
         double loss_sum = 0.0;
         for (int micro = 0; micro < accum; micro++) {
@@ -1007,6 +1151,8 @@ int main(int argc, char** argv) {
         }
         cuda_check(cudaDeviceSynchronize());
         const double ms = (now_seconds() - t0) * 1e3;
+        if (step > state.step) profiler().collect();  // the first step includes one-time set-up
+        else profiler().discard();
         step_ms.push_back(ms);
         size_t free_b = 0, total_b = 0;
         cuda_check(cudaMemGetInfo(&free_b, &total_b));
@@ -1030,6 +1176,7 @@ int main(int argc, char** argv) {
            "peak GPU memory %.2f GiB\n",
            (int)step_ms.size(), format_duration(now_seconds() - start).c_str(), train_loss, last_val, median_ms,
            o.total_batch / (median_ms * 1e-3), peak_used / 1073741824.0);
+    profiler().report();
     if (log) fclose(log);
     gpt_free(m);
     return 0;

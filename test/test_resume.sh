@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Checkpoints, resume and determinism of train_gpt on the GPU (issue 5), in both precisions:
+#   determinism      two runs, same seed and flags, 20 steps: identical step (loss, norm) and val lines,
+#                    and identical final state files (parameters and AdamW state, bit for bit)
+#   resume           A: 20 steps, checkpoint every 10. B: 10 steps, then -y 1 -x 20. B's steps 11..20
+#                    and val losses equal A's bit for bit, and B's final checkpoint files equal A's
+#                    byte for byte. With -sh 1 and -d 2*B*T (loader state, accumulation) and the
+#                    shuffled data wrapping into a second epoch after the resume. -q 1 holds the
+#                    learning rate constant after warm-up, so the schedule does not depend on -x
+#                    (B's first half runs with -x 10).
+#   keep-K           -n 5 -nk 2 -x 20: exactly the checkpoints of steps 15 and 20 remain
+#   corrupt newest   a byte flipped in A's newest state file: -y 1 warns once (naming the file),
+#                    resumes from step 10 and repeats A's steps 11..20
+#   SIGKILL          d12, kill -9 while a checkpoint is being written (a temp file exists): -y 1
+#                    resumes from the newest complete checkpoint (zero steps), never a partial one
+#   OOM              -e d12 -b 4096 -t 1024: exit 1, one line `error: out of GPU memory ...` with the
+#                    requested and free sizes
+#   non-finite       a model whose logits overflow: three skipped updates, each named, then exit 1
+# Without a GPU every check is reported as skipped. Ends with `N passed, N failed, N skipped`.
+set -u
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+precisions=(fp32 bf16)
+checks=(determinism resume keep-K corrupt-newest sigkill-mid-write oom non-finite)
+passed=0 failed=0 skipped=0
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    for prec in "${precisions[@]}"; do
+        for check in "${checks[@]}"; do
+            echo "train_gpt_$prec $check: skipped (no CUDA device)"
+            skipped=$((skipped + 1))
+        done
+    done
+    echo "$passed passed, $failed failed, $skipped skipped"
+    exit 0
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+report() {  # name ok(1/0) detail
+    if [[ $2 -eq 1 ]]; then
+        passed=$((passed + 1))
+        printf '  %-62s ok    %s\n' "$1" "$3"
+    else
+        failed=$((failed + 1))
+        printf '  %-62s FAIL  %s\n' "$1" "$3"
+    fi
+}
+show() { sed 's/^/      | /' "$1" | tail -n "${2:-6}"; }
+# "step loss norm" of every step line, "step val-loss" of every val line
+steps_of() { sed -nE 's/^step +([0-9]+)\/[0-9]+ \| loss ([^ ]+) \| norm ([^ ]+) .*/\1 \2 \3/p' "$1"; }
+vals_of() { sed -nE 's/^step +([0-9]+) \| val loss ([^ ]+).*/\1 \2/p' "$1"; }
+in_range() { awk -v lo="$1" -v hi="$2" '$1 >= lo && $1 <= hi'; }
+# train LOG ARGS...: runs ./$bin with a time limit; stdout in LOG.out, stderr in LOG.err; sets rc
+train() {
+    local log=$1
+    shift
+    timeout 300 "./$bin" "$@" >"$log.out" 2>"$log.err" </dev/null
+    rc=$?
+}
+# same NAME A B N: files A and B are identical and hold N lines
+same() {
+    local n
+    n=$(grep -c '' "$2")
+    if cmp -s "$2" "$3" && [[ $n -eq $4 ]]; then
+        report "$1" 1 "$n lines identical"
+    else
+        report "$1" 0 "$(grep -c '' "$2") vs $(grep -c '' "$3") lines (expected $4), first difference:"
+        awk 'NR == FNR { a[FNR] = $0; n = FNR; next } { m = FNR } a[FNR] != $0 { print "line " FNR ": " a[FNR] "  vs  " $0; d = 1; exit }
+             END { if (!d) print "same lines, " n + 0 " vs " m + 0 }' "$2" "$3" | sed 's/^/      | /'
+    fi
+}
+
+# ---- inputs: learnable synthetic tokens (ids < 1237, so they fit both models), tokenizers, models
+set -e
+gen() { "$PYTHON" test/train_inputs.py "$@"; }
+gen tokens "$tmp/train.bin" 30000            # 29 windows of 1025 at -b 4 -t 256: epoch 2 starts at step 15
+gen tokens "$tmp/val.bin" 6000 --seed 1
+gen tokens "$tmp/big.bin" 4194305 --seed 2   # B*T+1 at -b 4096 -t 1024
+gen tokenizer "$tmp/tok50257.bin" 50257
+gen tokenizer "$tmp/tok1237.bin" 1237
+"$PYTHON" gpt_reference.py init --model L=2,NH=3,C=39,V=1237,maxT=50 --seed 3 --out "$tmp/tiny.ckpt" >/dev/null
+# Non-finite: wte = +-3e38 with random signs and lnfw = 3e38: the logits overflow, in either precision.
+"$PYTHON" - "$tmp/tiny.ckpt" "$tmp/blowup.ckpt" <<'EOF'
+import sys
+import numpy as np
+data = np.fromfile(sys.argv[1], np.uint8)
+h = data[:1024].view(np.int32)
+L, C, Vp = int(h[2]), int(h[4]), int(h[7])
+p = data[1024:].view(np.float32).copy()
+p[:Vp * C] = np.where(np.random.default_rng(0).random(Vp * C) < 0.5, -3e38, 3e38)
+p[p.size - 2 * C:p.size - C] = 3e38  # lnfw (lnfb is last)
+open(sys.argv[2], "wb").write(data[:1024].tobytes() + p.tobytes())
+EOF
+set +e
+
+d6=(-e d6 -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok50257.bin" -b 4 -t 256 -d 2048 -sh 1 -sd 7
+    -l 1e-3 -u 3 -q 1 -v 5 -m 2 -s 0)
+
+for prec in "${precisions[@]}"; do
+    bin=train_gpt_$prec
+    echo "=== ./$bin"
+    if [[ ! -x $bin ]]; then
+        echo "  FAIL: ./$bin is not built (make $bin)"
+        failed=$((failed + 1))
+        continue
+    fi
+    p=$tmp/$prec
+    mkdir -p "$p"
+
+    # ---- determinism
+    train "$p/d1" "${d6[@]}" -x 20 -o "$p/D1"  # -o: one checkpoint, at the end
+    rc1=$rc
+    train "$p/d2" "${d6[@]}" -x 20 -o "$p/D2"
+    if [[ $rc1 -ne 0 || $rc -ne 0 ]]; then
+        report "[$prec] determinism: two runs" 0 "exit codes $rc1 and $rc"
+        show "$p/d1.err"
+    else
+        steps_of "$p/d1.out" >"$p/d1.steps"; steps_of "$p/d2.out" >"$p/d2.steps"
+        vals_of "$p/d1.out" >"$p/d1.vals"; vals_of "$p/d2.out" >"$p/d2.vals"
+        same "[$prec] determinism: step lines (loss, norm) of 20 steps" "$p/d1.steps" "$p/d2.steps" 20
+        same "[$prec] determinism: val lines (steps 0, 5, .., 20)" "$p/d1.vals" "$p/d2.vals" 5
+        f=state_00000020.bin  # master weights and AdamW state after 20 steps: exact, not 6 decimals
+        if cmp -s "$p/D1/$f" "$p/D2/$f"; then report "[$prec] determinism: final $f identical, byte for byte" 1 ""
+        else report "[$prec] determinism: final $f identical, byte for byte" 0 "$(cmp "$p/D1/$f" "$p/D2/$f" 2>&1 | head -n 1)"; fi
+    fi
+    rm -rf "$p/D1" "$p/D2"
+
+    # ---- resume
+    train "$p/a" "${d6[@]}" -x 20 -o "$p/A" -n 10
+    rca=$rc
+    train "$p/b1" "${d6[@]}" -x 10 -o "$p/B" -n 10
+    rcb1=$rc
+    train "$p/b2" "${d6[@]}" -x 20 -o "$p/B" -n 10 -y 1
+    if [[ $rca -ne 0 || $rcb1 -ne 0 || $rc -ne 0 ]]; then
+        report "[$prec] resume: runs A, B (10 steps), B resumed" 0 "exit codes $rca, $rcb1, $rc"
+        show "$p/a.err"; show "$p/b1.err"; show "$p/b2.err"
+    else
+        report "[$prec] resume: B says it resumes from step 10" "$(grep -q '^resuming from step 10 ' "$p/b2.out" && echo 1 || echo 0)" \
+            "$(grep -m1 '^resuming' "$p/b2.out")"
+        steps_of "$p/a.out" >"$p/a.steps"; vals_of "$p/a.out" >"$p/a.vals"
+        steps_of "$p/b1.out" >"$p/b1.steps"
+        steps_of "$p/b2.out" >"$p/b2.steps"; vals_of "$p/b2.out" >"$p/b2.vals"
+        in_range 1 10 <"$p/a.steps" >"$p/a.first"
+        in_range 11 20 <"$p/a.steps" >"$p/a.second"
+        in_range 10 20 <"$p/a.vals" >"$p/a.vals2"
+        same "[$prec] resume: B's steps 1..10 = A's" "$p/a.first" "$p/b1.steps" 10
+        same "[$prec] resume: resumed B's steps 11..20 = A's (loss, norm)" "$p/a.second" "$p/b2.steps" 10
+        same "[$prec] resume: resumed B's val losses (10, 15, 20) = A's" "$p/a.vals2" "$p/b2.vals" 3
+        for kind in model state; do
+            f=${kind}_00000020.bin
+            if cmp -s "$p/A/$f" "$p/B/$f"; then report "[$prec] resume: B's $f = A's, byte for byte" 1 ""
+            else report "[$prec] resume: B's $f = A's, byte for byte" 0 "$(cmp "$p/A/$f" "$p/B/$f" 2>&1 | head -n 1)"; fi
+        done
+    fi
+
+    # ---- keep-K (the small model: only the files matter)
+    train "$p/k" -e "$tmp/tiny.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 32 -x 20 \
+        -v 0 -s 0 -o "$p/K" -n 5 -nk 2
+    left=$(cd "$p/K" 2>/dev/null && ls -A | grep -v '^main\.log$' | tr '\n' ' ')
+    want="model_00000015.bin model_00000020.bin state_00000015.bin state_00000020.bin "
+    report "[$prec] keep-K: -n 5 -nk 2 -x 20 leaves steps 15 and 20 only" "$([[ $rc -eq 0 && $left == "$want" ]] && echo 1 || echo 0)" \
+        "exit code $rc; files: $left"
+
+    # ---- corrupt newest: a byte of A's state_00000020.bin flipped
+    if [[ -e $p/A/state_00000020.bin ]]; then
+        cp -r "$p/A" "$p/C"
+        "$PYTHON" test/train_inputs.py edit "$p/A/state_00000020.bin" "$p/C/state_00000020.bin" --flip -4096
+        train "$p/c" "${d6[@]}" -x 20 -o "$p/C" -n 10 -y 1
+        nerr=$(grep -c '' "$p/c.err")
+        ok=0
+        [[ $rc -eq 0 && $nerr -eq 1 ]] && grep -q '^warning: .*state_00000020\.bin' "$p/c.err" &&
+            grep -q '^resuming from step 10 ' "$p/c.out" && ok=1
+        report "[$prec] corrupt newest: one warning naming it, resumes from 10" $ok "exit code $rc; stderr: $(head -c 200 "$p/c.err")"
+        steps_of "$p/c.out" >"$p/c.steps"
+        same "[$prec] corrupt newest: steps 11..20 = A's" "$p/a.second" "$p/c.steps" 10
+    else
+        report "[$prec] corrupt newest" 0 "run A left no state_00000020.bin"
+    fi
+
+    # ---- SIGKILL while a checkpoint is written: d12 (2 GB per checkpoint), kill -9 once the step-5
+    # checkpoint is complete and a temp file of the next one exists.
+    k=$p/S
+    "./$bin" -e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok50257.bin" -b 1 -t 64 -x 100000 -v 0 -s 0 \
+        -o "$k" -n 5 -nk 5 >"$p/s.out" 2>"$p/s.err" </dev/null &
+    pid=$!
+    phase=waiting
+    deadline=$((SECONDS + 180))
+    while kill -0 $pid 2>/dev/null && ((SECONDS < deadline)); do
+        if [[ $phase == waiting ]]; then
+            [[ -e $k/model_00000005.bin ]] && phase=armed
+        elif compgen -G "$k/*.tmp.*" >/dev/null; then
+            kill -9 $pid
+            phase=killed
+            break
+        fi
+        sleep 0.02
+    done
+    [[ $phase != killed ]] && kill -9 $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    rck=$?
+    tmps=$(cd "$k" 2>/dev/null && compgen -G "*.tmp.*" | tr '\n' ' ')
+    report "[$prec] sigkill: killed while a checkpoint was being written" "$([[ $phase == killed && $rck -eq 137 ]] && echo 1 || echo 0)" \
+        "phase $phase, exit code $rck, temp files left: ${tmps:-none}"
+    [[ $phase != killed ]] && show "$p/s.err"
+    # the newest step with both files complete (a rename is atomic: no non-temp file is partial)
+    newest=0
+    for s in $(cd "$k" 2>/dev/null && ls state_*.bin 2>/dev/null | sed -E 's/state_0*([0-9]+)\.bin/\1/'); do
+        [[ -e $(printf '%s/model_%08d.bin' "$k" "$s") && $s -gt $newest ]] && newest=$s
+    done
+    if [[ $newest -ge 5 ]]; then
+        train "$p/s2" -e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok50257.bin" -b 1 -t 64 -x "$newest" \
+            -v 0 -s 0 -o "$k" -n 5 -nk 5 -y 1
+        ok=0
+        [[ $rc -eq 0 ]] && grep -q "^resuming from step $newest " "$p/s2.out" && ok=1
+        report "[$prec] sigkill: -y 1 resumes from the newest complete step ($newest)" $ok \
+            "exit code $rc; $(grep -m1 -E '^(resuming|no valid)' "$p/s2.out"); stderr: $(head -c 300 "$p/s2.err")"
+    else
+        report "[$prec] sigkill: -y 1 resumes from the newest complete step" 0 "no complete checkpoint left in $k"
+    fi
+    rm -rf "$k"
+
+    # ---- out of GPU memory
+    train "$p/oom" -e d12 -i "$tmp/big.bin" -j "$tmp/big.bin" -z "$tmp/tok50257.bin" -b 4096 -t 1024 -x 1 -v 0 -s 0
+    nerr=$(grep -c '' "$p/oom.err")
+    ok=0
+    [[ $rc -eq 1 && $nerr -eq 1 ]] && grep -qE '^error: out of GPU memory.*requested [0-9.]+ .*free [0-9.]+ .*-b' "$p/oom.err" && ok=1
+    report "[$prec] oom: -e d12 -b 4096 -t 1024 fails with one line" $ok "exit code $rc: $(head -c 300 "$p/oom.err")"
+
+    # ---- non-finite loss: each skipped update named, the run stops after three in a row
+    train "$p/nf" -e "$tmp/blowup.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 32 -x 10 -v 0 -s 0
+    nwarn=$(grep -cE '^warning: step [123]: non-finite' "$p/nf.err")
+    ok=0
+    [[ $rc -eq 1 && $nwarn -eq 3 && $(tail -n 1 "$p/nf.err") == "error: stopping at step 3"* ]] && ok=1
+    report "[$prec] non-finite: 3 skipped updates named, then exit 1" $ok "exit code $rc, $nwarn warnings; last: $(tail -n 1 "$p/nf.err")"
+    rm -rf "$p"
+done
+echo "$passed passed, $failed failed, $skipped skipped"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# train_gpt's command line and input validation, in both builds, without a GPU (issue 5): every bad
+# flag, checkpoint (-e), token file (-i, -j), tokenizer (-z) and output folder (-o) must end in exit
+# code 1 (not 0, not a signal or core dump), within 60 s, with exactly one line on stderr that starts
+# with `error:` and names the flag or file. Validation happens before any GPU use; the test hides
+# every GPU (CUDA_VISIBLE_DEVICES=), so a fully valid configuration ends with `error: no CUDA device
+# found ...`, and the checks that an input is accepted assert exactly that. Also checks, on the host
+# side, how -y 1 picks a checkpoint from the output folder (skips corrupt or partial ones, one warning
+# each). Inputs are tiny synthetic files from test/train_inputs.py and gpt_reference.py in a temp
+# folder. Ends with `N passed, N failed, N skipped`.
+set -u
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export CUDA_VISIBLE_DEVICES=  # the same result with or without a GPU in the machine
+passed=0 failed=0 skipped=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+NO_CUDA="error: no CUDA device found"
+
+gen() { "$PYTHON" test/train_inputs.py "$@"; }
+edit() { gen edit "$@"; }
+
+# ---- inputs: a model with V=1237, maxT=50 (PyTorch-written, no crc) and files that fit it
+if ! "$PYTHON" gpt_reference.py init --model L=2,NH=3,C=39,V=1237,maxT=50 --seed 1 --out "$tmp/pt.ckpt" >/dev/null; then
+    echo "FAIL: gpt_reference.py init could not write the test checkpoint"
+    echo "0 passed, 1 failed, 0 skipped"
+    exit 1
+fi
+set -e
+M=$tmp/pt.ckpt  # 256 x int32 header + 87789 fp32 parameters
+gen model-crc "$M" "$tmp/ours.ckpt"  # as train_gpt writes it: with crc32
+edit "$tmp/ours.ckpt" "$tmp/ours_flip.ckpt" --flip 5000
+edit "$M" "$tmp/pt_trunc.ckpt" --drop 4
+edit "$M" "$tmp/pt_long.ckpt" --append 4
+edit "$M" "$tmp/short.ckpt" --drop $(($(stat -c %s "$M") - 100))
+: >"$tmp/empty.ckpt"
+edit "$M" "$tmp/magic.ckpt" --set-int 0=20240520
+edit "$M" "$tmp/version.ckpt" --set-int 1=2
+edit "$M" "$tmp/badcfg.ckpt" --set-int 3=5  # NH=5 does not divide C=39
+edit "$M" "$tmp/hugecfg.ckpt" --set-int 2=1000 --set-int 4=65536  # L=1000 C=65536: size check, no allocation
+edit "$M" "$tmp/nan.ckpt" --set-float 77=nan
+edit "$tmp/ours.ckpt" "$tmp/ours_badcrc.ckpt" --set-int 8=12345
+
+gen tokens "$tmp/train.bin" 3000
+gen tokens "$tmp/val.bin" 800 --seed 1
+: >"$tmp/empty.bin"
+edit "$tmp/train.bin" "$tmp/short.bin" --drop $(($(stat -c %s "$tmp/train.bin") - 100))
+edit "$tmp/train.bin" "$tmp/trunc.bin" --drop 2
+edit "$tmp/train.bin" "$tmp/long.bin" --append 2
+edit "$tmp/train.bin" "$tmp/magic.bin" --set-int 0=20251101
+edit "$tmp/train.bin" "$tmp/version.bin" --set-int 1=2
+edit "$tmp/train.bin" "$tmp/count0.bin" --set-int 2=0
+edit "$tmp/train.bin" "$tmp/countneg.bin" --set-int 2=-5
+# a flipped bit in the payload: the top bit of token 500 (ids < 1237 fit in 11 bits) -> id >= 32768
+edit "$tmp/train.bin" "$tmp/flip.bin" --flip $((1024 + 2 * 500 + 1)) --xor 128
+"$PYTHON" - "$tmp/train.bin" "$tmp/badtok.bin" <<'EOF'
+import sys
+import numpy as np
+data = bytearray(open(sys.argv[1], "rb").read())
+data[1024 + 2 * 1234:1024 + 2 * 1234 + 2] = np.array([1237], np.uint16).tobytes()  # == V
+open(sys.argv[2], "wb").write(bytes(data))
+EOF
+gen tokens "$tmp/tiny.bin" 32  # B*T = 32 at -b 2 -t 16: one token short of a window
+
+gen tokenizer "$tmp/tok.bin" 1237
+gen tokenizer "$tmp/tok_v1.bin" 1237 --version 1
+gen tokenizer "$tmp/tok_1000.bin" 1000
+: >"$tmp/tok_empty.bin"
+edit "$tmp/tok.bin" "$tmp/tok_short.bin" --drop $(($(stat -c %s "$tmp/tok.bin") - 100))
+edit "$tmp/tok.bin" "$tmp/tok_trunc.bin" --drop 3
+edit "$tmp/tok.bin" "$tmp/tok_long.bin" --append 1
+edit "$tmp/tok.bin" "$tmp/tok_magic.bin" --set-int 0=20240520
+edit "$tmp/tok.bin" "$tmp/tok_version.bin" --set-int 1=3
+edit "$tmp/tok.bin" "$tmp/tok_eot.bin" --set-int 3=1237
+"$PYTHON" - "$tmp/tok.bin" "$tmp/tok_zero.bin" <<'EOF'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+data[1024] = 0  # token 0 claims length 0: the rest no longer parses as tokens
+open(sys.argv[2], "wb").write(bytes(data))
+EOF
+: >"$tmp/regular_file"
+set +e
+
+# The valid configuration every check starts from (-b 2 -t 16: 32 tokens per micro-batch).
+base=(-e "$tmp/pt.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok.bin" -b 2 -t 16 -x 3)
+
+report() {  # name ok detail
+    if [[ $2 -eq 1 ]]; then
+        passed=$((passed + 1))
+        printf '  %-68s ok\n' "$1"
+    else
+        failed=$((failed + 1))
+        printf '  %-68s FAIL  %s\n' "$1" "$3"
+        sed 's/^/      stderr: /' "$tmp/stderr" | head -n 5
+    fi
+}
+
+run() {  # runs the binary with a time limit; sets rc, nerr (stderr lines), err1 (first stderr line)
+    timeout 60 "./$bin" "$@" >"$tmp/stdout" 2>"$tmp/stderr" </dev/null
+    rc=$?
+    nerr=$(grep -c '' "$tmp/stderr")
+    err1=$(head -n 1 "$tmp/stderr")
+}
+
+# expect_error NAME NEEDLE ARGS...: exit code 1, stderr exactly one line, `error: ...NEEDLE...`
+expect_error() {
+    local name=$1 needle=$2
+    shift 2
+    run "$@"
+    local why=""
+    if [[ $rc -eq 124 ]]; then why="hung (killed after 60 s)"
+    elif [[ $rc -ne 1 ]]; then why="exit code $rc, expected 1"
+    elif [[ $nerr -ne 1 ]]; then why="$nerr lines on stderr, expected 1"
+    elif [[ $err1 != error:* ]]; then why="stderr does not start with 'error:'"
+    elif [[ $err1 != *"$needle"* ]]; then why="the error does not name '$needle'"
+    fi
+    report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
+}
+
+# expect_valid NAME ARGS...: every input accepted: the run gets to the GPU and finds none
+expect_valid() {
+    local name=$1
+    shift
+    run "$@"
+    local why=""
+    if [[ $rc -ne 1 || $nerr -ne 1 || $err1 != "$NO_CUDA"* ]]; then why="exit code $rc, expected 1 with only '$NO_CUDA ...'"; fi
+    report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
+}
+
+# expect_warn_valid NAME NWARN STDOUT_NEEDLE ARGS...: NWARN `warning:` lines, then the no-GPU error;
+# stdout has STDOUT_NEEDLE
+expect_warn_valid() {
+    local name=$1 nwarn=$2 out_needle=$3
+    shift 3
+    run "$@"
+    local why="" w
+    w=$(grep -c '^warning: ' "$tmp/stderr")
+    if [[ $rc -ne 1 ]]; then why="exit code $rc, expected 1"
+    elif [[ $w -ne $nwarn || $nerr -ne $((nwarn + 1)) ]]; then why="$w warnings in $nerr stderr lines, expected $nwarn warnings + 1 error"
+    elif [[ $(tail -n 1 "$tmp/stderr") != "$NO_CUDA"* ]]; then why="last stderr line is not '$NO_CUDA ...'"
+    elif ! grep -qF -- "$out_needle" "$tmp/stdout"; then why="stdout lacks '$out_needle'"
+    fi
+    report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
+    [[ -n $why ]] && sed 's/^/      stdout: /' "$tmp/stdout" | head -n 3
+    return 0
+}
+
+# expect_stderr_has PATTERN: the last run's stderr has a line matching PATTERN (grep -E)
+expect_stderr_has() {
+    local name=$1 pattern=$2
+    if grep -qE -- "$pattern" "$tmp/stderr"; then report "[$prec] $name" 1 ""
+    else report "[$prec] $name" 0 "no stderr line matches '$pattern'"; fi
+}
+
+for prec in fp32 bf16; do
+    bin=train_gpt_$prec
+    echo "=== ./$bin"
+    if [[ ! -x $bin ]]; then
+        echo "  FAIL: ./$bin is not built (make $bin)"
+        failed=$((failed + 1))
+        continue
+    fi
+
+    # ---- the valid configuration, and boundary values that are valid
+    expect_valid "valid configuration gets to the GPU" "${base[@]}"
+    expect_valid "-v 0 (never validate) is accepted" "${base[@]}" -v 0
+    expect_valid "-s 0 (never sample) is accepted" "${base[@]}" -s 0
+    expect_valid "-n 0 -u 0 -gc 0 -c 0 -q 0 -l 0 -sd 0 -sh 0 -y 0 accepted" "${base[@]}" -n 0 -u 0 -gc 0 -c 0 -q 0 -l 0 -sd 0 -sh 0 -y 0
+    expect_valid "-q 1 -sh 1 -nk 1 -m 1 -g 1 -pf 1 -fa 0 accepted" "${base[@]}" -q 1 -sh 1 -nk 1 -m 1 -g 1 -pf 1 -fa 0
+    expect_valid "-d 64 = 2*B*T (accumulation) accepted" "${base[@]}" -d 64
+    expect_valid "-t 50 = maxT accepted" "${base[@]}" -t 50
+    expect_valid "-e with crc32 (our model file) accepted" "${base[@]}" -e "$tmp/ours.ckpt"
+    expect_valid "-z version 1 tokenizer accepted" "${base[@]}" -z "$tmp/tok_v1.bin"
+    expect_valid "-o new folder accepted" "${base[@]}" -o "$tmp/out_$prec"
+
+    # ---- numeric flags: non-numeric, trailing garbage, out of range, non-positive, empty, space
+    int_flags=("-b 1 4096" "-t 1 65536" "-d 1 1073741824" "-x 1 1073741824" "-u 0 1073741824" "-v 0 1073741824"
+               "-m 1 1048576" "-s 0 1073741824" "-g 1 65536" "-n 0 1073741824" "-nk 1 1048576" "-y 0 1"
+               "-sd 0 4611686018427387904" "-sh 0 1" "-pf 0 1" "-fa 0 1")
+    for spec in "${int_flags[@]}"; do
+        read -r f lo hi <<<"$spec"
+        for v in abc 12x 1.5 "" " 1" 0x10 99999999999999999999 "$((hi + 1))" "$((lo - 1))" -5; do
+            expect_error "$f '$v'" "flag $f:" "${base[@]}" "$f" "$v"
+        done
+    done
+    float_flags=("-l 0 10" "-q 0 1" "-c 0 10" "-gc 0 1000000")
+    for spec in "${float_flags[@]}"; do
+        read -r f lo hi <<<"$spec"
+        for v in abc 1e-3x "" " 1" nan inf -inf 1e999 -1 -0.001 "$((hi + 1))"; do
+            expect_error "$f '$v'" "flag $f:" "${base[@]}" "$f" "$v"
+        done
+    done
+
+    # ---- flags themselves
+    expect_error "unknown flag -foo" "-foo" "${base[@]}" -foo 1
+    expect_error "unknown flag --batch" "--batch" "${base[@]}" --batch 4
+    expect_error "unknown flag -B (flags are case-sensitive)" "-B" "${base[@]}" -B 4
+    expect_error "stray argument" "stray" "${base[@]}" stray
+    expect_error "-b without a value" "-b" "${base[@]}" -b
+    expect_error "-e without a value" "-e" "${base[@]}" -e
+    expect_error "-o without a value" "-o" "${base[@]}" -o
+    expect_error "-d 48 not a multiple of B*T = 32" "-d 48" "${base[@]}" -d 48
+    expect_error "-d 16 smaller than B*T = 32" "-d 16" "${base[@]}" -d 16
+    expect_error "-b 4096 -t 8192: B*T above 16M" "-b 4096" "${base[@]}" -b 4096 -t 8192
+    expect_error "-t 51 > the model's maxT 50" "-t 51" "${base[@]}" -t 51
+    expect_error "-t 1025 > maxT of d6" "-t 1025" "${base[@]}" -e d6 -t 1025
+    expect_error "-y 1 without -o" "-y 1" "${base[@]}" -y 1
+
+    # ---- checkpoint (-e)
+    expect_error "-e missing file" "$tmp/missing.ckpt" "${base[@]}" -e "$tmp/missing.ckpt"
+    expect_error "-e unknown descriptor d7 (taken as a file)" "d7" "${base[@]}" -e d7
+    expect_error "-e a folder" "$tmp" "${base[@]}" -e "$tmp"
+    expect_error "-e empty file" "$tmp/empty.ckpt" "${base[@]}" -e "$tmp/empty.ckpt"
+    expect_error "-e 100 bytes (truncated header)" "$tmp/short.ckpt" "${base[@]}" -e "$tmp/short.ckpt"
+    expect_error "-e truncated by 4 bytes (no crc: size)" "$tmp/pt_trunc.ckpt" "${base[@]}" -e "$tmp/pt_trunc.ckpt"
+    expect_error "-e 4 bytes too long" "$tmp/pt_long.ckpt" "${base[@]}" -e "$tmp/pt_long.ckpt"
+    expect_error "-e flipped payload byte (crc32)" "$tmp/ours_flip.ckpt" "${base[@]}" -e "$tmp/ours_flip.ckpt"
+    expect_error "-e wrong crc32 in the header" "$tmp/ours_badcrc.ckpt" "${base[@]}" -e "$tmp/ours_badcrc.ckpt"
+    expect_error "-e wrong magic" "$tmp/magic.ckpt" "${base[@]}" -e "$tmp/magic.ckpt"
+    expect_error "-e wrong version" "$tmp/version.ckpt" "${base[@]}" -e "$tmp/version.ckpt"
+    expect_error "-e invalid config (C % NH != 0)" "$tmp/badcfg.ckpt" "${base[@]}" -e "$tmp/badcfg.ckpt"
+    expect_error "-e huge config, small file" "$tmp/hugecfg.ckpt" "${base[@]}" -e "$tmp/hugecfg.ckpt"
+    expect_error "-e NaN parameter" "$tmp/nan.ckpt" "${base[@]}" -e "$tmp/nan.ckpt"
+    expect_error "-e a token file" "$tmp/train.bin" "${base[@]}" -e "$tmp/train.bin"
+
+    # ---- token files (-i, -j)
+    for f in -i -j; do
+        expect_error "$f missing file" "$tmp/missing.bin" "${base[@]}" $f "$tmp/missing.bin"
+        expect_error "$f a folder" "$tmp" "${base[@]}" $f "$tmp"
+        expect_error "$f empty file" "$tmp/empty.bin" "${base[@]}" $f "$tmp/empty.bin"
+        expect_error "$f 100 bytes (truncated header)" "$tmp/short.bin" "${base[@]}" $f "$tmp/short.bin"
+        expect_error "$f truncated by one token" "$tmp/trunc.bin" "${base[@]}" $f "$tmp/trunc.bin"
+        expect_error "$f one token too long" "$tmp/long.bin" "${base[@]}" $f "$tmp/long.bin"
+        expect_error "$f wrong magic" "$tmp/magic.bin" "${base[@]}" $f "$tmp/magic.bin"
+        expect_error "$f wrong version" "$tmp/version.bin" "${base[@]}" $f "$tmp/version.bin"
+        expect_error "$f header count 0" "$tmp/count0.bin" "${base[@]}" $f "$tmp/count0.bin"
+        expect_error "$f header count -5" "$tmp/countneg.bin" "${base[@]}" $f "$tmp/countneg.bin"
+        expect_error "$f flipped byte -> token id >= V" "$tmp/flip.bin" "${base[@]}" $f "$tmp/flip.bin"
+        expect_error "$f token id == V (1237)" "$tmp/badtok.bin" "${base[@]}" $f "$tmp/badtok.bin"
+        expect_error "$f 32 tokens < B*T+1 = 33" "$tmp/tiny.bin" "${base[@]}" $f "$tmp/tiny.bin"
+        expect_error "$f a checkpoint" "$tmp/pt.ckpt" "${base[@]}" $f "$tmp/pt.ckpt"
+    done
+    expect_valid "-i 32 tokens is enough at -b 1 -t 16" "${base[@]}" -b 1 -i "$tmp/tiny.bin" -j "$tmp/tiny.bin"
+
+    # ---- tokenizer (-z)
+    expect_error "-z missing file" "$tmp/missing_tok.bin" "${base[@]}" -z "$tmp/missing_tok.bin"
+    expect_error "-z a folder" "$tmp" "${base[@]}" -z "$tmp"
+    expect_error "-z empty file" "$tmp/tok_empty.bin" "${base[@]}" -z "$tmp/tok_empty.bin"
+    expect_error "-z 100 bytes (truncated header)" "$tmp/tok_short.bin" "${base[@]}" -z "$tmp/tok_short.bin"
+    expect_error "-z truncated inside the last token" "$tmp/tok_trunc.bin" "${base[@]}" -z "$tmp/tok_trunc.bin"
+    expect_error "-z a byte after the last token" "$tmp/tok_long.bin" "${base[@]}" -z "$tmp/tok_long.bin"
+    expect_error "-z corrupt (token of length 0)" "$tmp/tok_zero.bin" "${base[@]}" -z "$tmp/tok_zero.bin"
+    expect_error "-z wrong magic" "$tmp/tok_magic.bin" "${base[@]}" -z "$tmp/tok_magic.bin"
+    expect_error "-z wrong version" "$tmp/tok_version.bin" "${base[@]}" -z "$tmp/tok_version.bin"
+    expect_error "-z eot token >= vocab size" "$tmp/tok_eot.bin" "${base[@]}" -z "$tmp/tok_eot.bin"
+    expect_error "-z 1000 tokens, the model 1237" "$tmp/tok_1000.bin" "${base[@]}" -z "$tmp/tok_1000.bin"
+    expect_error "-z a token file" "$tmp/train.bin" "${base[@]}" -z "$tmp/train.bin"
+
+    # ---- output folder (-o); root ignores chmod, so: paths under a regular file, /proc, /sys
+    expect_error "-o under a regular file" "$tmp/regular_file/out" "${base[@]}" -o "$tmp/regular_file/out"
+    expect_error "-o a regular file" "$tmp/regular_file" "${base[@]}" -o "$tmp/regular_file"
+    expect_error "-o /proc/train_gpt_test (cannot create)" "/proc/train_gpt_test" "${base[@]}" -o /proc/train_gpt_test
+    expect_error "-o /proc/self (exists, not writable)" "/proc/self" "${base[@]}" -o /proc/self
+    expect_error "-o /proc/self -y 1 (not writable)" "/proc/self" "${base[@]}" -o /proc/self -y 1
+
+    # ---- -y 1: which checkpoint in the output folder is taken (host side; training needs the GPU).
+    # Checkpoints written at -b 2 -t 16 like the runs; -x 100 goes past their steps.
+    rbase=("${base[@]}" -x 100)
+    d=$tmp/resume_$prec
+    mkdir -p "$d"
+    gen model-crc "$M" "$d/model_00000010.bin"
+    gen state "$d/state_00000010.bin" "$d/model_00000010.bin" 10 2 16 --cursor 5
+    expect_warn_valid "-y 1 resumes from the valid checkpoint" 0 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
+    expect_error "-x 5 below the checkpoint's step 10" "-x 5" "${rbase[@]}" -o "$d" -y 1 -x 5
+    expect_warn_valid "-x 10 = the checkpoint's step (nothing to train) accepted" 0 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1 -x 10
+    expect_warn_valid "-y 1 in an empty folder starts from -e" 0 "no valid checkpoint" "${rbase[@]}" -o "$tmp/empty_out_$prec" -y 1
+    expect_error "a new run (no -y 1) into a folder with checkpoints" "$d" "${rbase[@]}" -o "$d"
+    cp "$d/model_00000010.bin" "$d/model_00000020.bin"
+    edit "$d/state_00000010.bin" "$d/state_00000020.bin" --set-int 2=20 >/dev/null  # crc no longer matches
+    expect_warn_valid "-y 1 skips a corrupt newest state file" 1 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
+    expect_stderr_has "  ... the warning names state_00000020.bin" '^warning: .*state_00000020\.bin'
+    head -c 5000 "$d/state_00000010.bin" >"$d/state_00000030.bin.tmp.Ab12Cd"  # a write killed midway
+    head -c 5000 "$d/model_00000010.bin" >"$d/model_00000030.bin.tmp.Xy34Zw"
+    expect_warn_valid "-y 1 ignores temp files of a killed write" 1 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
+    gen state "$d/state_00000040.bin" "$d/model_00000010.bin" 40 2 16  # killed between the two files
+    expect_warn_valid "-y 1 skips a state file without its model file" 2 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
+    expect_stderr_has "  ... the warning names model_00000040.bin" '^warning: .*model_00000040\.bin'
+    edit "$d/model_00000010.bin" "$d/model_00000050.bin" --flip 3000
+    gen state "$d/state_00000050.bin" "$d/model_00000010.bin" 50 2 16
+    expect_warn_valid "-y 1 skips a corrupt newest model file" 3 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
+    expect_stderr_has "  ... the warning names model_00000050.bin" '^warning: .*model_00000050\.bin'
+    expect_warn_valid "-y 1 -b 1: no checkpoint fits, starts from -e" 4 "no valid checkpoint" "${rbase[@]}" -o "$d" -y 1 -b 1
+    expect_stderr_has "  ... the warning says B=2" '^warning: .*state_00000010\.bin.*B=2'
+    d2=$tmp/resume_cursor_$prec
+    mkdir -p "$d2"
+    gen model-crc "$M" "$d2/model_00000010.bin"
+    gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --cursor 1000
+    expect_error "-y 1: data position beyond the token file" "$tmp/train.bin" "${rbase[@]}" -o "$d2" -y 1
+done
+
+echo "$passed passed, $failed failed, $skipped skipped"
+[[ $failed -eq 0 ]]

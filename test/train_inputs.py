@@ -1,0 +1,142 @@
+"""Small input files for the train_gpt tests (test/test_train_cli.sh, test/test_resume.sh).
+
+Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts fast. Subcommands:
+
+  tokens OUT N [--vocab V] [--seed S]      token file (256 x int32 header: magic 20240520, version 1,
+                                            count; then uint16 tokens): N learnable tokens below V
+  tokenizer OUT V [--version 1|2]          tokenizer file (magic 20240328, version, V, eot = V-1; then
+                                            per token a uint8 length and its bytes)
+  model-crc IN OUT                         a model checkpoint as train_gpt writes it: IN (e.g. from
+                                            gpt_reference.py, crc 0) with header[8] = crc32
+  state OUT MODEL STEP B T [--epoch E] [--cursor K]
+                                            a training-state file for the model checkpoint MODEL, as
+                                            train_gpt writes it (master = MODEL's parameters, AdamW
+                                            m = v = 0, crc32 in header[5])
+  edit IN OUT [--flip OFFSET [--xor MASK]] [--drop N] [--append N] [--set-int SLOT=VALUE] [--set-float I=VALUE]
+                                            a damaged copy: XOR MASK (default 1) into the byte at OFFSET (negative
+                                            counts from the end), drop the last N bytes, append N zero
+                                            bytes, set header int32 SLOT, set float I of the payload
+"""
+
+import argparse
+import zlib
+
+import numpy as np
+
+HEADER_INTS = 256
+HEADER_BYTES = 4 * HEADER_INTS
+
+
+def write(path, *chunks):
+    with open(path, "wb") as f:
+        for c in chunks:
+            f.write(np.ascontiguousarray(c).tobytes())
+
+
+def cmd_tokens(a):
+    # A noisy repeating sequence: a model can learn it, so losses move from step to step.
+    rng = np.random.default_rng(a.seed)
+    period = min(97, a.vocab)
+    base = (np.arange(a.n) * 7919 % period) * (a.vocab // period)
+    noise = rng.integers(0, a.vocab, a.n)
+    tokens = np.where(rng.random(a.n) < 0.1, noise, base).astype(np.uint16)
+    header = np.zeros(HEADER_INTS, np.int32)
+    header[:3] = [20240520, 1, a.n]
+    write(a.out, header, tokens)
+
+
+def cmd_tokenizer(a):
+    header = np.zeros(HEADER_INTS, np.int32)
+    header[:4] = [20240328, a.version, a.vocab, a.vocab - 1 if a.version == 2 else 0]
+    body = bytearray()
+    for i in range(a.vocab):
+        piece = (" t%d" % i).encode()
+        body += bytes([len(piece)]) + piece
+    write(a.out, header, np.frombuffer(bytes(body), np.uint8))
+
+
+def cmd_model_crc(a):
+    data = bytearray(open(a.inp, "rb").read())
+    header = np.frombuffer(bytes(data[:HEADER_BYTES]), np.int32).copy()
+    header[8] = 0
+    crc = zlib.crc32(bytes(data[HEADER_BYTES:]), zlib.crc32(header.tobytes()))
+    header[8] = np.uint32(crc).view(np.int32)
+    write(a.out, header, np.frombuffer(bytes(data[HEADER_BYTES:]), np.uint8))
+
+
+def cmd_state(a):
+    data = open(a.model, "rb").read()
+    params = np.frombuffer(data[HEADER_BYTES:], np.float32)
+    n = params.size
+    header = np.zeros(HEADER_INTS, np.int32)
+    header[:5] = [20251103, 1, a.step, a.B, a.T]
+    header[8:10] = np.array([n], np.int64).view(np.int32)
+    header[10:12] = np.array([a.epoch], np.int64).view(np.int32)
+    header[12:14] = np.array([a.cursor], np.int64).view(np.int32)
+    header[14:16] = np.array([12345], np.uint64).view(np.int32)
+    zeros = np.zeros(n, np.float32)
+    payload = params.tobytes() + zeros.tobytes() + zeros.tobytes()
+    header[5] = np.uint32(zlib.crc32(payload, zlib.crc32(header.tobytes()))).view(np.int32)
+    write(a.out, header, np.frombuffer(payload, np.uint8))
+
+
+def cmd_edit(a):
+    data = bytearray(open(a.inp, "rb").read())
+    for spec in a.set_int or []:
+        slot, value = (int(x) for x in spec.split("="))
+        data[4 * slot:4 * slot + 4] = np.array([value], np.int32).tobytes()
+    for spec in a.set_float or []:
+        i, value = spec.split("=")
+        at = HEADER_BYTES + 4 * int(i)
+        data[at:at + 4] = np.array([float(value)], np.float32).tobytes()
+    if a.flip is not None:
+        data[a.flip] ^= a.xor
+    if a.drop:
+        del data[len(data) - a.drop:]
+    if a.append:
+        data += bytes(a.append)
+    open(a.out, "wb").write(bytes(data))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("tokens")
+    q.add_argument("out")
+    q.add_argument("n", type=int)
+    q.add_argument("--vocab", type=int, default=1237)
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(fn=cmd_tokens)
+    q = sub.add_parser("tokenizer")
+    q.add_argument("out")
+    q.add_argument("vocab", type=int)
+    q.add_argument("--version", type=int, default=2)
+    q.set_defaults(fn=cmd_tokenizer)
+    q = sub.add_parser("model-crc")
+    q.add_argument("inp")
+    q.add_argument("out")
+    q.set_defaults(fn=cmd_model_crc)
+    q = sub.add_parser("state")
+    q.add_argument("out")
+    q.add_argument("model")
+    for name in ("step", "B", "T"):
+        q.add_argument(name, type=int)
+    q.add_argument("--epoch", type=int, default=0)
+    q.add_argument("--cursor", type=int, default=0)
+    q.set_defaults(fn=cmd_state)
+    q = sub.add_parser("edit")
+    q.add_argument("inp")
+    q.add_argument("out")
+    q.add_argument("--flip", type=int)
+    q.add_argument("--xor", type=int, default=1)
+    q.add_argument("--drop", type=int, default=0)
+    q.add_argument("--append", type=int, default=0)
+    q.add_argument("--set-int", action="append")
+    q.add_argument("--set-float", action="append")
+    q.set_defaults(fn=cmd_edit)
+    a = p.parse_args()
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main()
