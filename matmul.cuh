@@ -10,7 +10,8 @@
 //   - Row-major PyTorch tensors are column-major matrices transposed, so `out` is computed as the
 //     column-major (OC, N) product weight^T-as-stored times inp-as-stored: A = weight (stored (C, OC), transposed), B = inp (stored (C, N)).
 //   - The forward adds the bias in the cuBLASLt epilogue (no extra pass over `out`). When cuBLASLt
-//     offers no algorithm for a shape/alignment (odd sizes), a plain cublasGemmEx plus a bias kernel.
+//     offers no algorithm for a shape/alignment (odd sizes), or refuses the one it offered, a plain
+//     cublasGemmEx plus a bias kernel.
 //   - fp32 builds compute in true fp32 (CUBLAS_COMPUTE_32F, no TF32), so they match PyTorch with TF32
 //     off to ~1e-6; bf16 builds take bf16 inputs with fp32 accumulation.
 //   - dbias is a matrix-vector product with a vector of ones (cuBLAS, beta = 1): accumulates,
@@ -92,7 +93,16 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float
                               ldb, &beta, C, cuda_data_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// A cuBLASLt plan for one shape: descriptors and the heuristic's algorithm, made once per shape
+// Largest power of two (up to 256) dividing the address: cuBLASLt's kernels need their operands
+// aligned as they assume, and per-layer slices of odd-sized models (C = 39, say) are not.
+inline int pointer_alignment(const void* p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    int align = 256;
+    while (align > 1 && a % align != 0) align /= 2;
+    return align;
+}
+
+// A cuBLASLt plan for one shape and alignment: descriptors and the heuristic's algorithm, made once
 // (the heuristic query costs tens of microseconds of CPU, every layer of every step otherwise).
 struct MatmulPlan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -101,9 +111,12 @@ struct MatmulPlan {
     bool has_algo = false;
 };
 
-template <typename T> MatmulPlan& matmul_plan(int N, int C, int OC, bool bias) {
-    static std::map<std::tuple<int, int, int, bool>, MatmulPlan> plans;
-    MatmulPlan& plan = plans[std::make_tuple(N, C, OC, bias)];
+template <typename T>
+MatmulPlan& matmul_plan(int N, int C, int OC, const void* weight, const void* inp, const void* out, const void* bias) {
+    const int align_a = pointer_alignment(weight), align_b = pointer_alignment(inp), align_d = pointer_alignment(out);
+    const int align_bias = bias ? pointer_alignment(bias) : 0;
+    static std::map<std::tuple<int, int, int, int, int, int, int>, MatmulPlan> plans;
+    MatmulPlan& plan = plans[std::make_tuple(N, C, OC, align_a, align_b, align_d, align_bias)];
     if (plan.desc) return plan;
     BlasContext& b = blas();
     const cudaDataType_t type = cuda_data_type<T>();
@@ -113,6 +126,8 @@ template <typename T> MatmulPlan& matmul_plan(int N, int C, int OC, bool bias) {
     cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
     const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // The heuristic may look at the bias pointer (its alignment): show it the one of this call.
+    if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, C, OC, C));
     cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, C, N, C));
     cublas_check(cublasLtMatrixLayoutCreate(&plan.d, type, OC, N, OC));
@@ -120,6 +135,12 @@ template <typename T> MatmulPlan& matmul_plan(int N, int C, int OC, bool bias) {
     cublas_check(cublasLtMatmulPreferenceCreate(&pref));
     cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
                                                       sizeof(b.workspace_bytes)));
+    const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_d, (uint32_t)align_d};
+    const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &heuristic, &found) ==
@@ -133,19 +154,21 @@ template <typename T> MatmulPlan& matmul_plan(int N, int C, int OC, bool bias) {
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, cudaStream_t stream = 0) {
     BlasContext& b = blas();
-    MatmulPlan& plan = matmul_plan<T>(N, C, OC, bias != nullptr);
+    MatmulPlan& plan = matmul_plan<T>(N, C, OC, weight, inp, out, bias);
     const float alpha = 1.0f, beta = 0.0f;
     if (plan.has_algo) {
         if (bias)
             cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        cublas_check(cublasLtMatmul(b.lt, plan.desc, &alpha, weight, plan.a, inp, plan.b, &beta, out, plan.d, out, plan.d,
-                                    &plan.algo, b.workspace, b.workspace_bytes, stream));
-    } else {
-        gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC, stream);
-        if (bias) {
-            add_bias_kernel<T><<<1024, 256, 0, stream>>>(out, bias, size_t(N), OC);
-            cuda_check_launch();
-        }
+        const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, weight, plan.a, inp, plan.b, &beta, out, plan.d,
+                                                     out, plan.d, &plan.algo, b.workspace, b.workspace_bytes, stream);
+        if (status == CUBLAS_STATUS_SUCCESS) return;
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
+        plan.has_algo = false;  // this shape/alignment is not for cuBLASLt: the plain path from now on
+    }
+    gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC, stream);
+    if (bias) {
+        add_bias_kernel<T><<<1024, 256, 0, stream>>>(out, bias, size_t(N), OC);
+        cuda_check_launch();
     }
 }
 

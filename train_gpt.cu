@@ -1035,7 +1035,16 @@ int main(int argc, char** argv) {
     if (o.T > c.maxT) fail("-t %d is larger than the model's maximum sequence length %d", o.T, c.maxT);
     DataLoader train, val;
     train.init(read_token_file(o.train_path, c.V), o.B, o.T, o.shuffle != 0, (uint64_t)o.seed);
-    val.init(read_token_file(o.val_path, c.V), o.B, o.T, false, 0);
+    if (o.val_every > 0) {  // -v 0 never validates: the file is not needed
+        // Validation batches take up to B rows of T tokens: a small validation file (Tiny
+        // Shakespeare's 32,768 tokens) still serves a large B with fewer rows per batch.
+        TokenFile val_file = read_token_file(o.val_path, c.V);
+        const int val_rows = (int)std::min<size_t>(o.B, (val_file.tokens.size() - 1) / o.T);
+        if (val_rows < 1)
+            fail("validation file '%s' has %zu tokens, fewer than T+1 = %d (use a smaller -t, or -v 0)", o.val_path.c_str(),
+                 val_file.tokens.size(), o.T + 1);
+        val.init(std::move(val_file), val_rows, o.T, false, 0);
+    }
     if (resumed) {
         if (state.loader_cursor > train.windows) fail("checkpoint data position %llu is beyond the %zu windows of '%s' (different data?)",
                                                       (unsigned long long)state.loader_cursor, train.windows, o.train_path.c_str());
@@ -1050,7 +1059,7 @@ int main(int argc, char** argv) {
     const int eot = have_tokenizer && tokenizer.eot_token >= 0 ? tokenizer.eot_token : c.V - 1;
     if (fresh_init) host = random_init(host.config, (uint64_t)o.seed);
     const int accum = o.total_batch / (o.B * o.T);
-    const int val_batches = (int)std::min<size_t>(o.val_batches, val.windows);
+    const int val_batches = (int)std::min<size_t>(o.val_batches, val.windows);  // 0 when -v 0
 
     // 2. The GPU.
     if (!cuda_device_available()) fail("no CUDA device found (train_gpt needs a GPU)");
@@ -1073,6 +1082,7 @@ int main(int argc, char** argv) {
     printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
            "(%d batches)\n",
            o.B, o.T, o.total_batch, accum, train.file.tokens.size(), train.windows, val.file.tokens.size(), val_batches);
+    if (o.val_every > 0 && val.B < o.B) printf("validation batches hold %d rows of T (the file is small)\n", val.B);
     printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch\n", m.bytes_allocated / 1073741824.0);
     FILE* log = nullptr;
     if (!o.out_dir.empty()) {
@@ -1095,9 +1105,9 @@ int main(int argc, char** argv) {
         double sum = 0.0;
         for (int i = 0; i < val_batches; i++) {
             val.next(inputs, targets);
-            gpt_set_batch(m, inputs.data(), targets.data(), o.B, o.T);
-            gpt_forward(m, o.B, o.T, true, 0.0f);
-            sum += gpt_mean_loss(m, o.B, o.T);
+            gpt_set_batch(m, inputs.data(), targets.data(), val.B, o.T);
+            gpt_forward(m, val.B, o.T, true, 0.0f);
+            sum += gpt_mean_loss(m, val.B, o.T);
         }
         last_val = (float)(sum / val_batches);
         printf("step %5d | val loss %.6f\n", step, last_val);

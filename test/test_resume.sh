@@ -20,7 +20,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-precisions=(fp32 bf16)
+read -r -a precisions <<<"${PRECISIONS:-fp32 bf16}"  # PRECISIONS="bf16" runs one
 checks=(determinism resume keep-K corrupt-newest sigkill-mid-write oom non-finite)
 passed=0 failed=0 skipped=0
 

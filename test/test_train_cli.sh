@@ -237,9 +237,13 @@ for prec in fp32 bf16; do
         expect_error "$f header count -5" "$tmp/countneg.bin" "${base[@]}" $f "$tmp/countneg.bin"
         expect_error "$f flipped byte -> token id >= V" "$tmp/flip.bin" "${base[@]}" $f "$tmp/flip.bin"
         expect_error "$f token id == V (1237)" "$tmp/badtok.bin" "${base[@]}" $f "$tmp/badtok.bin"
-        expect_error "$f 32 tokens < B*T+1 = 33" "$tmp/tiny.bin" "${base[@]}" $f "$tmp/tiny.bin"
         expect_error "$f a checkpoint" "$tmp/pt.ckpt" "${base[@]}" $f "$tmp/pt.ckpt"
     done
+    expect_error "-i 32 tokens < B*T+1 = 33" "$tmp/tiny.bin" "${base[@]}" -i "$tmp/tiny.bin"
+    # Validation takes up to B rows: 32 tokens still hold one row of T=16; fewer than T+1 do not.
+    expect_valid "-j 32 tokens: validation with 1 row of T at -b 2 -t 16" "${base[@]}" -j "$tmp/tiny.bin"
+    expect_error "-j 32 tokens < T+1 = 33 at -t 32" "$tmp/tiny.bin" "${base[@]}" -t 32 -j "$tmp/tiny.bin"
+    expect_valid "-v 0 never reads the validation file" "${base[@]}" -v 0 -j "$tmp/missing_val.bin"
     expect_valid "-i 32 tokens is enough at -b 1 -t 16" "${base[@]}" -b 1 -i "$tmp/tiny.bin" -j "$tmp/tiny.bin"
 
     # ---- tokenizer (-z)
