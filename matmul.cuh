@@ -7,8 +7,9 @@
 //   gelu_forward / gelu_backward_inplace: GPT-2's tanh approximation.
 //
 // Non-obvious choices:
-//   - Row-major PyTorch tensors are column-major matrices transposed, so `out` is computed as the
-//     column-major (OC, N) product weight^T-as-stored times inp-as-stored: A = weight (stored (C, OC), transposed), B = inp (stored (C, N)).
+//   - cuBLAS is column-major: a row-major (R, K) tensor is a column-major (K, R) matrix. So `out`
+//     (N, OC) row-major is the column-major (OC, N) product op(A) B with A = weight as stored, a
+//     (C, OC) matrix used transposed, and B = inp as stored, a (C, N) matrix.
 //   - The forward adds the bias in the cuBLASLt epilogue (no extra pass over `out`). When cuBLASLt
 //     offers no algorithm for a shape/alignment (odd sizes), or refuses the one it offered, a plain
 //     cublasGemmEx plus a bias kernel.
