@@ -22,8 +22,10 @@ run_test() {
     local name=$1
     shift
     echo "=== $name"
+    local started=$SECONDS
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
+    echo "--- $name: $((SECONDS - started)) s"
     local line
     line=$(grep -E "$count_line_re" "$log" | tail -n 1)
     if [[ -z "$line" ]]; then
