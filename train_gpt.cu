@@ -41,7 +41,7 @@
 // every parameter as fp32 in PARAM_NAMES order, per-layer tensors stacked over layers.
 
 constexpr int CHECKPOINT_MAGIC = 20251101, CHECKPOINT_VERSION = 1;
-constexpr int STATE_MAGIC = 20251103, STATE_VERSION = 1;
+constexpr int STATE_MAGIC = 20251103, STATE_VERSION = 2;
 constexpr int HEADER_INTS = 256;
 
 struct GPTConfig {
@@ -700,14 +700,22 @@ struct DataLoader {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints: in the output folder, model_SSSSSSSS.bin (the format above, readable by
 // gpt_reference.py, with a crc32) and state_SSSSSSSS.bin: 256 int32 header {magic 20251103, version
-// 1, step, B, T, crc32, 0, 0, num_params (int64 at [8]), loader epoch (int64 at [10]), loader cursor
-// (int64 at [12]), sampler RNG (uint64 at [14])} then fp32 master weights, AdamW m, AdamW v. Both
-// are written atomically (temporary file, fsync, rename); a checkpoint counts only when both files
-// are complete and pass their checksums.
+// 2, step, B, T, crc32, 0, 0, num_params (int64 at [8]), loader epoch (int64 at [10]), loader cursor
+// (int64 at [12]), sampler RNG (uint64 at [14]), -sd seed (int64 at [16]), -sh shuffle ([18]),
+// training tokens' crc32 ([19]), training token count (int64 at [20])} then fp32 master weights,
+// AdamW m, AdamW v. Both are written atomically (temporary file, fsync, rename); a checkpoint counts
+// only when both files are complete and pass their checksums. The run setup (B, T, seed, shuffle,
+// training data) is recorded because the data position means nothing under another one: resuming
+// with a different setup is an error, never a silent change of the data order.
 
 struct TrainState {
     int step = 0;  // completed optimizer steps
     uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;
+    // The run setup the state belongs to.
+    int B = 0, T = 0, shuffle = 0;
+    int64_t seed = 0;
+    uint64_t data_tokens = 0;
+    uint32_t data_crc = 0;
     std::vector<float> adam_m, adam_v;
 };
 
@@ -730,15 +738,19 @@ inline bool write_model_file(const std::string& path, const GPTConfig& c, const 
     return write_file_atomic(path, {{h, sizeof(h)}, {params.data(), params.size() * sizeof(float)}}, error);
 }
 
-inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st, int B, int T) {
+inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st) {
     std::vector<float> params = gpt_params_fp32(m), am(m.num_params), av(m.num_params);
     cuda_check(cudaMemcpy(am.data(), m.adam_m, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
     cuda_check(cudaMemcpy(av.data(), m.adam_v, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
-    int32_t h[HEADER_INTS] = {STATE_MAGIC, STATE_VERSION, st.step, B, T};
+    int32_t h[HEADER_INTS] = {STATE_MAGIC, STATE_VERSION, st.step, st.B, st.T};
     put64(h, 8, m.num_params);
     put64(h, 10, st.loader_epoch);
     put64(h, 12, st.loader_cursor);
     put64(h, 14, st.sampler_rng);
+    put64(h, 16, (uint64_t)st.seed);
+    h[18] = st.shuffle;
+    h[19] = (int32_t)st.data_crc;
+    put64(h, 20, st.data_tokens);
     const size_t bytes = m.num_params * sizeof(float);
     uint32_t crc = 0;
     {
@@ -793,9 +805,9 @@ inline void prune_checkpoints(const std::string& dir, int keep) {
     }
 }
 
-// Loads the state file of `step` and its model file; false (with *error) when either is missing,
-// corrupt, or does not match the run (config, B, T).
-inline bool load_checkpoint(const std::string& dir, int step, int B, int T, HostModel& model, TrainState& st, std::string* error) {
+// Loads the state file of `step` and its model file; false (with *error) when either is missing or
+// corrupt. Whether it fits this run's setup is the caller's check (check_resume_setup).
+inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, TrainState& st, std::string* error) {
     if (!read_checkpoint(checkpoint_path(dir, "model", step), model, error)) return false;
     const std::string path = checkpoint_path(dir, "state", step);
     std::vector<uint8_t> bytes;
@@ -817,9 +829,8 @@ inline bool load_checkpoint(const std::string& dir, int step, int B, int T, Host
         *error = "'" + path + "' fails its checksum (corrupt or partly written)";
         return false;
     }
-    if (h[2] != step || h[3] != B || h[4] != T) {
-        *error = "'" + path + "' was written with B=" + std::to_string(h[3]) + " T=" + std::to_string(h[4]) +
-                 "; resume with the same -b and -t";
+    if (h[2] != step) {
+        *error = "'" + path + "' holds step " + std::to_string(h[2]) + ", its name says " + std::to_string(step);
         return false;
     }
     const float* f = reinterpret_cast<const float*>(bytes.data() + sizeof(h));
@@ -828,6 +839,8 @@ inline bool load_checkpoint(const std::string& dir, int step, int B, int T, Host
     st.adam_v.assign(f + 2 * n, f + 3 * n);
     st.step = step;
     st.loader_epoch = get64(h, 10), st.loader_cursor = get64(h, 12), st.sampler_rng = get64(h, 14);
+    st.B = h[3], st.T = h[4], st.seed = (int64_t)get64(h, 16), st.shuffle = h[18];
+    st.data_crc = (uint32_t)h[19], st.data_tokens = get64(h, 20);
     return true;
 }
 
@@ -1014,15 +1027,24 @@ int main(int argc, char** argv) {
         fail("output folder '%s' already holds checkpoints (newest: step %d): resume with -y 1, or give another -o",
              o.out_dir.c_str(), checkpoint_steps(o.out_dir)[0]);
     if (o.resume) {
-        for (int step : checkpoint_steps(o.out_dir)) {
-            if (load_checkpoint(o.out_dir, step, o.B, o.T, host, state, &error)) {
+        const std::vector<int> steps = checkpoint_steps(o.out_dir);
+        for (int step : steps) {
+            if (load_checkpoint(o.out_dir, step, host, state, &error)) {
                 resumed = true;
-                printf("resuming from step %d in %s\n", step, o.out_dir.c_str());
                 break;
             }
             fprintf(stderr, "warning: skipping checkpoint of step %d: %s\n", step, error.c_str());
         }
-        if (!resumed) printf("no valid checkpoint in %s: starting from -e %s\n", o.out_dir.c_str(), o.model.c_str());
+        // Starting over in that folder would overwrite the run's files with a new run's.
+        if (!resumed && !steps.empty())
+            fail("none of the %zu checkpoints in '%s' can be loaded (see the warnings): move them away to start over",
+                 steps.size(), o.out_dir.c_str());
+        if (!resumed) printf("no checkpoint in %s: starting from -e %s\n", o.out_dir.c_str(), o.model.c_str());
+        if (resumed && (state.B != o.B || state.T != o.T || state.seed != o.seed || state.shuffle != o.shuffle))
+            fail("the checkpoint of step %d in '%s' was written with -b %d -t %d -sd %lld -sh %d: resume with the same flags "
+                 "(given -b %d -t %d -sd %lld -sh %d)",
+                 state.step, o.out_dir.c_str(), state.B, state.T, (long long)state.seed, state.shuffle, o.B, o.T,
+                 (long long)o.seed, o.shuffle);
         // Else the final checkpoint would be labelled step -x while holding the later weights.
         if (resumed && state.step > o.max_steps)
             fail("-x %d is below step %d of the checkpoint in %s (give a larger -x to continue it)", o.max_steps,
@@ -1045,11 +1067,21 @@ int main(int argc, char** argv) {
                  val_file.tokens.size(), o.T + 1);
         val.init(std::move(val_file), val_rows, o.T, false, 0);
     }
+    const uint64_t data_tokens = train.file.tokens.size();
+    const uint32_t data_crc = crc32(train.file.tokens.data(), data_tokens * sizeof(uint16_t));
     if (resumed) {
-        if (state.loader_cursor > train.windows) fail("checkpoint data position %llu is beyond the %zu windows of '%s' (different data?)",
-                                                      (unsigned long long)state.loader_cursor, train.windows, o.train_path.c_str());
+        if (state.data_tokens != data_tokens || state.data_crc != data_crc)
+            fail("-i '%s' (%llu tokens, crc32 %08x) is not the training data of the checkpoint of step %d (%llu tokens, "
+                 "crc32 %08x)", o.train_path.c_str(), (unsigned long long)data_tokens, data_crc, state.step,
+                 (unsigned long long)state.data_tokens, state.data_crc);
+        if (state.loader_cursor > train.windows)  // only a damaged or hand-made state file gets here
+            fail("checkpoint data position %llu is beyond the %zu windows of '%s'", (unsigned long long)state.loader_cursor,
+                 train.windows, o.train_path.c_str());
         train.seek(state.loader_epoch, state.loader_cursor);
+        printf("resuming from step %d in %s\n", state.step, o.out_dir.c_str());
     }
+    state.B = o.B, state.T = o.T, state.seed = o.seed, state.shuffle = o.shuffle;
+    state.data_tokens = data_tokens, state.data_crc = data_crc;
     Tokenizer tokenizer;
     const bool have_tokenizer = o.tokenizer_given || file_exists(o.tokenizer_path);
     if (have_tokenizer) tokenizer = read_tokenizer(o.tokenizer_path);
@@ -1124,7 +1156,7 @@ int main(int argc, char** argv) {
     };
     auto checkpoint = [&](int step) {
         state.step = step, state.loader_epoch = train.epoch, state.loader_cursor = train.cursor, state.sampler_rng = sampler.state;
-        save_checkpoint(m, o.out_dir, state, o.B, o.T);
+        save_checkpoint(m, o.out_dir, state);
         prune_checkpoints(o.out_dir, o.checkpoint_keep);
         last_checkpoint = step;
     };

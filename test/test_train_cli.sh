@@ -273,11 +273,11 @@ for prec in fp32 bf16; do
     d=$tmp/resume_$prec
     mkdir -p "$d"
     gen model-crc "$M" "$d/model_00000010.bin"
-    gen state "$d/state_00000010.bin" "$d/model_00000010.bin" 10 2 16 --cursor 5
+    gen state "$d/state_00000010.bin" "$d/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --cursor 5
     expect_warn_valid "-y 1 resumes from the valid checkpoint" 0 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
     expect_error "-x 5 below the checkpoint's step 10" "-x 5" "${rbase[@]}" -o "$d" -y 1 -x 5
     expect_warn_valid "-x 10 = the checkpoint's step (nothing to train) accepted" 0 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1 -x 10
-    expect_warn_valid "-y 1 in an empty folder starts from -e" 0 "no valid checkpoint" "${rbase[@]}" -o "$tmp/empty_out_$prec" -y 1
+    expect_warn_valid "-y 1 in an empty folder starts from -e" 0 "no checkpoint in" "${rbase[@]}" -o "$tmp/empty_out_$prec" -y 1
     expect_error "a new run (no -y 1) into a folder with checkpoints" "$d" "${rbase[@]}" -o "$d"
     cp "$d/model_00000010.bin" "$d/model_00000020.bin"
     edit "$d/state_00000010.bin" "$d/state_00000020.bin" --set-int 2=20 >/dev/null  # crc no longer matches
@@ -286,19 +286,42 @@ for prec in fp32 bf16; do
     head -c 5000 "$d/state_00000010.bin" >"$d/state_00000030.bin.tmp.Ab12Cd"  # a write killed midway
     head -c 5000 "$d/model_00000010.bin" >"$d/model_00000030.bin.tmp.Xy34Zw"
     expect_warn_valid "-y 1 ignores temp files of a killed write" 1 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
-    gen state "$d/state_00000040.bin" "$d/model_00000010.bin" 40 2 16  # killed between the two files
+    gen state "$d/state_00000040.bin" "$d/model_00000010.bin" 40 2 16 --data "$tmp/train.bin"  # killed between the two files
     expect_warn_valid "-y 1 skips a state file without its model file" 2 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
     expect_stderr_has "  ... the warning names model_00000040.bin" '^warning: .*model_00000040\.bin'
     edit "$d/model_00000010.bin" "$d/model_00000050.bin" --flip 3000
-    gen state "$d/state_00000050.bin" "$d/model_00000010.bin" 50 2 16
+    gen state "$d/state_00000050.bin" "$d/model_00000010.bin" 50 2 16 --data "$tmp/train.bin"
     expect_warn_valid "-y 1 skips a corrupt newest model file" 3 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
     expect_stderr_has "  ... the warning names model_00000050.bin" '^warning: .*model_00000050\.bin'
-    expect_warn_valid "-y 1 -b 1: no checkpoint fits, starts from -e" 4 "no valid checkpoint" "${rbase[@]}" -o "$d" -y 1 -b 1
-    expect_stderr_has "  ... the warning says B=2" '^warning: .*state_00000010\.bin.*B=2'
+    # Another run setup than the checkpoint's: an error (after the 3 warnings), never a fresh start
+    # that would overwrite the run's checkpoints.
+    expect_error_after_warnings() {
+        local name=$1 nwarn=$2 needle=$3
+        shift 3
+        run "$@"
+        local why="" w
+        w=$(grep -c '^warning: ' "$tmp/stderr")
+        if [[ $rc -ne 1 ]]; then why="exit code $rc, expected 1"
+        elif [[ $w -ne $nwarn || $nerr -ne $((nwarn + 1)) ]]; then why="$w warnings in $nerr stderr lines, expected $nwarn + 1 error"
+        elif [[ $(tail -n 1 "$tmp/stderr") != error:*"$needle"* ]]; then why="the last stderr line is not an error naming '$needle'"
+        fi
+        report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
+    }
+    expect_error_after_warnings "-y 1 -b 1 (checkpoint written at -b 2): error" 3 "-b 2 -t 16 -sd 1337 -sh 1" "${rbase[@]}" -o "$d" -y 1 -b 1
+    expect_error_after_warnings "-y 1 -t 8 (checkpoint written at -t 16): error" 3 "same flags" "${rbase[@]}" -o "$d" -y 1 -t 8
+    expect_error_after_warnings "-y 1 -sd 7 (checkpoint written at -sd 1337): error" 3 "-sd 7" "${rbase[@]}" -o "$d" -y 1 -sd 7
+    expect_error_after_warnings "-y 1 -sh 0 (checkpoint written at -sh 1): error" 3 "-sh 0" "${rbase[@]}" -o "$d" -y 1 -sh 0
+    gen tokens "$tmp/train_other.bin" 3000 --seed 5
+    expect_error_after_warnings "-y 1 -i other data of the same size: error" 3 "is not the training data" "${rbase[@]}" -o "$d" -y 1 -i "$tmp/train_other.bin"
+    d3=$tmp/resume_broken_$prec
+    mkdir -p "$d3"
+    edit "$d/model_00000010.bin" "$d3/model_00000010.bin" --flip 3000
+    cp "$d/state_00000010.bin" "$d3/state_00000010.bin"
+    expect_error_after_warnings "-y 1 with no loadable checkpoint: error, not a fresh start" 1 "move them away" "${rbase[@]}" -o "$d3" -y 1
     d2=$tmp/resume_cursor_$prec
     mkdir -p "$d2"
     gen model-crc "$M" "$d2/model_00000010.bin"
-    gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --cursor 1000
+    gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --cursor 1000
     expect_error "-y 1: data position beyond the token file" "$tmp/train.bin" "${rbase[@]}" -o "$d2" -y 1
 done
 

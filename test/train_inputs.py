@@ -8,10 +8,11 @@ Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts f
                                             per token a uint8 length and its bytes)
   model-crc IN OUT                         a model checkpoint as train_gpt writes it: IN (e.g. from
                                             gpt_reference.py, crc 0) with header[8] = crc32
-  state OUT MODEL STEP B T [--epoch E] [--cursor K]
+  state OUT MODEL STEP B T --data TOKENS [--epoch E] [--cursor K] [--seed S] [--shuffle 0|1]
                                             a training-state file for the model checkpoint MODEL, as
                                             train_gpt writes it (master = MODEL's parameters, AdamW
-                                            m = v = 0, crc32 in header[5])
+                                            m = v = 0, crc32 in header[5]) for a run of -b B -t T
+                                            -sd S (default 1337) -sh (default 1) on the token file TOKENS
   edit IN OUT [--flip OFFSET [--xor MASK]] [--drop N] [--append N] [--set-int SLOT=VALUE] [--set-float I=VALUE]
                                             a damaged copy: XOR MASK (default 1) into the byte at OFFSET (negative
                                             counts from the end), drop the last N bytes, append N zero
@@ -69,11 +70,16 @@ def cmd_state(a):
     params = np.frombuffer(data[HEADER_BYTES:], np.float32)
     n = params.size
     header = np.zeros(HEADER_INTS, np.int32)
-    header[:5] = [20251103, 1, a.step, a.B, a.T]
+    header[:5] = [20251103, 2, a.step, a.B, a.T]
     header[8:10] = np.array([n], np.int64).view(np.int32)
     header[10:12] = np.array([a.epoch], np.int64).view(np.int32)
     header[12:14] = np.array([a.cursor], np.int64).view(np.int32)
     header[14:16] = np.array([12345], np.uint64).view(np.int32)
+    header[16:18] = np.array([a.seed], np.int64).view(np.int32)
+    header[18] = a.shuffle
+    tokens = open(a.data, "rb").read()[HEADER_BYTES:]
+    header[19] = np.uint32(zlib.crc32(tokens)).view(np.int32)
+    header[20:22] = np.array([len(tokens) // 2], np.int64).view(np.int32)
     zeros = np.zeros(n, np.float32)
     payload = params.tobytes() + zeros.tobytes() + zeros.tobytes()
     header[5] = np.uint32(zlib.crc32(payload, zlib.crc32(header.tobytes()))).view(np.int32)
@@ -123,6 +129,9 @@ def main():
         q.add_argument(name, type=int)
     q.add_argument("--epoch", type=int, default=0)
     q.add_argument("--cursor", type=int, default=0)
+    q.add_argument("--data", required=True)
+    q.add_argument("--seed", type=int, default=1337)
+    q.add_argument("--shuffle", type=int, default=1)
     q.set_defaults(fn=cmd_state)
     q = sub.add_parser("edit")
     q.add_argument("inp")
