@@ -50,7 +50,7 @@ inline void* device_malloc(size_t bytes, const char* what) {
         size_t free_bytes = 0, total_bytes = 0;
         cudaMemGetInfo(&free_bytes, &total_bytes);
         fail("out of GPU memory allocating %s: requested %.3f GiB, free %.3f GiB of %.3f GiB "
-             "(try a smaller -b, or recompute options)",
+             "(try a smaller -b, or train_gpt's -r 1: GELU recomputed in the backward)",
              what, bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0);
     }
     return ptr;
@@ -96,6 +96,11 @@ template <typename T> struct alignas(16) Vec128 {
     __device__ static Vec128 load(const T* ptr) {
         Vec128 out;
         *reinterpret_cast<int4*>(out.v) = *reinterpret_cast<const int4*>(ptr);
+        return out;
+    }
+    __device__ static Vec128 zero() {
+        Vec128 out;
+        *reinterpret_cast<int4*>(out.v) = make_int4(0, 0, 0, 0);  // 0.0 in fp32 and bf16 alike
         return out;
     }
     // Streaming load: data read once, do not keep it in L1/L2 at the expense of data reused later.

@@ -209,15 +209,45 @@ __global__ void __launch_bounds__(256)
 // a thread owns the same 16 columns for every row, so its weights and dweight/dbias sums stay in
 // registers. At the end the block's row groups fold their sums in smem in a fixed order and the
 // block writes one partial row (dweight sums in [0, C), dbias sums in [C, 2C)) to the scratch.
+//
+// PREFETCH: while a row is reduced and written, the next row's x, dy, dx, mean and rstd are already
+// on their way into shared memory (cp.async, double-buffered, each thread copies and later reads
+// only its own slots, so no barrier is needed). bf16 wants it: its 16 columns per thread are half
+// the bytes of fp32's, too few in flight to cover memory latency (74-82% of copy without it), and
+// prefetching into registers instead spills (the kernel already uses all 128 of them).
 
-template <typename T, int WPR>
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {  // .cg: L2 only, data read once
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING> __device__ __forceinline__ void cp_async_wait() {  // all but the newest PENDING groups landed
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+template <typename T, int K> struct BackwardRow {
+    Vec128<T> x[K], dy[K], dx[K];
+    float mean, rstd;
+};
+
+// Dynamic shared memory of the vector kernel: the fold of the row groups' sums (2 C floats, when a
+// block holds several rows) and, with PREFETCH, two stages of every thread's x/dy/dx vectors and
+// its row's mean/rstd.
+template <typename T, int WPR, bool PREFETCH> __host__ __device__ constexpr size_t backward_stage_bytes() {
+    constexpr int K = kBackwardColsPerThread / Vec128<T>::size;
+    return PREFETCH ? size_t(2) * (3 * K * sizeof(int4) + sizeof(float2)) * backward_block_threads<WPR>() : 0;
+}
+
+template <typename T, int WPR, bool PREFETCH>
 __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
     layernorm_backward_vec_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
                                   const float* mean, const float* rstd, int N, int C) {
     constexpr int BLOCK = backward_block_threads<WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
     constexpr int K = kBackwardColsPerThread / VS;
     __shared__ float2 buf[2][BLOCK / 32];
-    extern __shared__ float fold[];  // [2 * C], only when ROWS > 1
+    extern __shared__ float fold[];  // [2 * C] when ROWS > 1, then the prefetch stages
     const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
     const int nvec = C / VS;
 
@@ -234,30 +264,79 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
         }
     }
 
-    int parity = 0;
-    for (int base = blockIdx.x * ROWS; base < N; base += gridDim.x * ROWS, parity ^= 1) {
-        const int row = base + group;
-        const bool active = row < N;
-        const int rowc = active ? row : N - 1;
+    // Rows past N (the last round of row groups) read row N - 1 and write nothing.
+    auto load_row = [&](int row, BackwardRow<T, K>& r) {
+        const int rowc = min(row, N - 1);
         const size_t offset = size_t(rowc) * C;
-        Vec128<T> xv[K], dyv[K], dxv[K];
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int i = k * TPR + t;
             if (i < nvec) {
-                xv[k] = Vec128<T>::load_stream(inp + offset + size_t(i) * VS);
-                dyv[k] = Vec128<T>::load_stream(dout + offset + size_t(i) * VS);
-                dxv[k] = Vec128<T>::load_stream(dinp + offset + size_t(i) * VS);
+                r.x[k] = Vec128<T>::load_stream(inp + offset + size_t(i) * VS);
+                r.dy[k] = Vec128<T>::load_stream(dout + offset + size_t(i) * VS);
+                r.dx[k] = Vec128<T>::load_stream(dinp + offset + size_t(i) * VS);
             }
         }
-        const float m = mean[rowc], s = rstd[rowc];
+        r.mean = mean[rowc], r.rstd = rstd[rowc];
+    };
+    // The prefetch stages: [stage][x, dy, dx][k][thread] vectors, then [stage][thread] (mean, rstd).
+    int4* stage = reinterpret_cast<int4*>(fold + (ROWS > 1 ? 2 * C : 0));
+    float2* stage_stats = reinterpret_cast<float2*>(stage + 2 * 3 * K * BLOCK);
+    auto slot = [&](int st, int a, int k) { return stage + ((st * 3 + a) * K + k) * BLOCK + threadIdx.x; };
+    auto prefetch_row = [&](int row, int st) {
+        const int rowc = min(row, N - 1);
+        const size_t offset = size_t(rowc) * C;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int i = k * TPR + t;
+            if (i < nvec) {
+                cp_async16(slot(st, 0, k), inp + offset + size_t(i) * VS);
+                cp_async16(slot(st, 1, k), dout + offset + size_t(i) * VS);
+                cp_async16(slot(st, 2, k), dinp + offset + size_t(i) * VS);
+            }
+        }
+        cp_async4(&stage_stats[st * BLOCK + threadIdx.x].x, mean + rowc);
+        cp_async4(&stage_stats[st * BLOCK + threadIdx.x].y, rstd + rowc);
+        cp_async_commit();
+    };
+    auto read_stage = [&](int st, BackwardRow<T, K>& r) {
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (k * TPR + t < nvec) {
+                r.x[k] = *reinterpret_cast<const Vec128<T>*>(slot(st, 0, k));
+                r.dy[k] = *reinterpret_cast<const Vec128<T>*>(slot(st, 1, k));
+                r.dx[k] = *reinterpret_cast<const Vec128<T>*>(slot(st, 2, k));
+            }
+        const float2 ms = stage_stats[st * BLOCK + threadIdx.x];
+        r.mean = ms.x, r.rstd = ms.y;
+    };
+
+    const int stride = gridDim.x * ROWS;
+    if constexpr (PREFETCH) prefetch_row(blockIdx.x * ROWS + group, 0);
+    int parity = 0;  // alternates the reduction buffer and the prefetch stage
+    for (int base = blockIdx.x * ROWS; base < N; base += stride, parity ^= 1) {
+        const int row = base + group;
+        const bool active = row < N;
+        BackwardRow<T, K> cur;
+        if constexpr (PREFETCH) {
+            if (base + stride < N) {  // the same for the whole block
+                prefetch_row(row + stride, parity ^ 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            read_stage(parity, cur);
+        } else {
+            load_row(row, cur);
+        }
+        const float m = cur.mean, s = cur.rstd;
         float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
         for (int k = 0; k < K; k++) {
             if (k * TPR + t < nvec) {
 #pragma unroll
                 for (int j = 0; j < VS; j++) {
-                    const float n = (to_float(xv[k][j]) - m) * s, dy = to_float(dyv[k][j]), g = w[k][j] * dy;
+                    const float n = (to_float(cur.x[k][j]) - m) * s, dy = to_float(cur.dy[k][j]), g = w[k][j] * dy;
                     sums.x += g;
                     sums.y += g * n;
                     if (active) {
@@ -270,6 +349,7 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
         sums = row_group_sum2<WPR, BLOCK>(sums, buf[parity]);
         const float mean_g = sums.x / C, mean_gn = sums.y / C;
         if (active) {
+            const size_t offset = size_t(row) * C;
 #pragma unroll
             for (int k = 0; k < K; k++) {
                 const int i = k * TPR + t;
@@ -277,8 +357,8 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
                     Vec128<T> dx;
 #pragma unroll
                     for (int j = 0; j < VS; j++) {
-                        const float n = (to_float(xv[k][j]) - m) * s, g = w[k][j] * to_float(dyv[k][j]);
-                        dx[j] = from_float<T>(to_float(dxv[k][j]) + s * (g - mean_g - n * mean_gn));
+                        const float n = (to_float(cur.x[k][j]) - m) * s, g = w[k][j] * to_float(cur.dy[k][j]);
+                        dx[j] = from_float<T>(to_float(cur.dx[k][j]) + s * (g - mean_g - n * mean_gn));
                     }
                     dx.store(dinp + offset + size_t(i) * VS);
                 }
@@ -432,24 +512,37 @@ void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1
     cuda_check_launch();
 }
 
+// The header's choice: prefetch the next row in bf16 only (fp32 has the bytes in flight already, and
+// its 16 columns take twice the registers, which a second row would spill).
+template <typename T> constexpr bool kBackwardPrefetch = sizeof(T) == 2;
+
 // Grid of the backward vector kernel: every block resident at once (persistent), so the partial
 // count P is small and the finalize cheap.
-template <typename T, int WPR> inline int backward_vec_grid(int N, int C) {
+template <typename T, int WPR, bool PREFETCH> inline size_t backward_vec_smem(int C) {
+    constexpr int ROWS = backward_block_threads<WPR>() / (32 * WPR);
+    const size_t smem = (ROWS > 1 ? size_t(2) * C * sizeof(float) : 0) + backward_stage_bytes<T, WPR, PREFETCH>();
+    if (smem > 48 * 1024)  // above the default limit a kernel must opt in
+        cuda_check(cudaFuncSetAttribute(layernorm_backward_vec_kernel<T, WPR, PREFETCH>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return smem;
+}
+
+template <typename T, int WPR, bool PREFETCH> inline int backward_vec_grid(int N, int C) {
     constexpr int BLOCK = backward_block_threads<WPR>(), ROWS = BLOCK / (32 * WPR);
-    const size_t smem = ROWS > 1 ? size_t(2) * C * sizeof(float) : 0;
+    const size_t smem = backward_vec_smem<T, WPR, PREFETCH>(C);
     int per_sm = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layernorm_backward_vec_kernel<T, WPR>, BLOCK, smem));
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layernorm_backward_vec_kernel<T, WPR, PREFETCH>, BLOCK, smem));
     const int groups = (N + ROWS - 1) / ROWS;
     return std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count()));
 }
 
-template <typename T> inline int backward_vec_grid_any(int N, int C, int wpr) {
+template <typename T, bool PREFETCH> inline int backward_vec_grid_any(int N, int C, int wpr) {
     switch (wpr) {
-        case 1: return backward_vec_grid<T, 1>(N, C);
-        case 2: return backward_vec_grid<T, 2>(N, C);
-        case 4: return backward_vec_grid<T, 4>(N, C);
-        case 8: return backward_vec_grid<T, 8>(N, C);
-        case 16: return backward_vec_grid<T, 16>(N, C);
+        case 1: return backward_vec_grid<T, 1, PREFETCH>(N, C);
+        case 2: return backward_vec_grid<T, 2, PREFETCH>(N, C);
+        case 4: return backward_vec_grid<T, 4, PREFETCH>(N, C);
+        case 8: return backward_vec_grid<T, 8, PREFETCH>(N, C);
+        case 16: return backward_vec_grid<T, 16, PREFETCH>(N, C);
     }
     fail("layernorm_backward: bad warps per row %d", wpr);
 }
@@ -459,6 +552,35 @@ template <typename T> inline int backward_vec_grid_any(int N, int C, int wpr) {
 inline int backward_general_grid(int N, int C) {
     const size_t cap = (size_t(64) << 20) / (size_t(2) * C * sizeof(float));
     return (int)std::max<size_t>(1, std::min<size_t>({size_t(N), size_t(2) * device_sm_count(), cap}));
+}
+
+
+// PREFETCH is a parameter so that the lab can run the kernel both ways; layernorm_backward passes
+// kBackwardPrefetch<T>.
+template <typename T, bool PREFETCH>
+void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
+                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return;
+    float* partials = static_cast<float*>(scratch);
+    const int wpr = backward_warps_per_row<T>(C);
+    int P = 0;
+    if (wpr && vector_ok<T>(C, {dinp, dout, inp, weight})) {
+        P = backward_vec_grid_any<T, PREFETCH>(N, C, wpr);
+#define LN_BWD(W)                                                                                             \
+    case W:                                                                                                   \
+        layernorm_backward_vec_kernel<T, W, PREFETCH><<<P, backward_block_threads<W>(),                       \
+                                                        backward_vec_smem<T, W, PREFETCH>(C), stream>>>(      \
+            dinp, partials, dout, inp, weight, mean, rstd, N, C);                                             \
+        break;
+        switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }
+#undef LN_BWD
+    } else {
+        P = backward_general_grid(N, C);
+        layernorm_backward_general_kernel<T><<<P, 256, 0, stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+    }
+    cuda_check_launch();
+    layernorm_backward_finalize_kernel<T><<<(C + 31) / 32, dim3(32, 32), 0, stream>>>(dweight, dbias, partials, P, C);
+    cuda_check_launch();
 }
 
 }  // namespace layernorm_detail
@@ -486,37 +608,16 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     if (N <= 0 || C <= 0) return 0;
     int partials = backward_general_grid(N, C);
     for (int wpr : {backward_warps_per_row<float>(C), backward_warps_per_row<__nv_bfloat16>(C)})
-        if (wpr) {
-            partials = std::max(partials, backward_vec_grid_any<float>(N, C, wpr));
-            partials = std::max(partials, backward_vec_grid_any<__nv_bfloat16>(N, C, wpr));
-        }
+        if (wpr)  // the header's kernels, and the lab's version without the prefetch
+            partials = std::max({partials, backward_vec_grid_any<float, false>(N, C, wpr),
+                                 backward_vec_grid_any<__nv_bfloat16, false>(N, C, wpr),
+                                 backward_vec_grid_any<__nv_bfloat16, kBackwardPrefetch<__nv_bfloat16>>(N, C, wpr)});
     return size_t(partials) * 2 * C * sizeof(float);
 }
 
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
                         const float* mean, const float* rstd, int N, int C, cudaStream_t stream = 0) {
-    using namespace layernorm_detail;
-    if (N <= 0 || C <= 0) return;
-    float* partials = static_cast<float*>(scratch);
-    const int wpr = backward_warps_per_row<T>(C);
-    int P = 0;
-    if (wpr && vector_ok<T>(C, {dinp, dout, inp, weight})) {
-        P = backward_vec_grid_any<T>(N, C, wpr);
-#define LN_BWD(W)                                                                                             \
-    case W: {                                                                                                 \
-        constexpr int ROWS = backward_block_threads<W>() / (32 * W);                                          \
-        layernorm_backward_vec_kernel<T, W><<<P, backward_block_threads<W>(), ROWS > 1 ? 2 * C * sizeof(float) : 0, stream>>>( \
-            dinp, partials, dout, inp, weight, mean, rstd, N, C);                                             \
-        break;                                                                                                \
-    }
-        switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }
-#undef LN_BWD
-    } else {
-        P = backward_general_grid(N, C);
-        layernorm_backward_general_kernel<T><<<P, 256, 0, stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
-    }
-    cuda_check_launch();
-    layernorm_backward_finalize_kernel<T><<<(C + 31) / 32, dim3(32, 32), 0, stream>>>(dweight, dbias, partials, P, C);
-    cuda_check_launch();
+    layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(dinp, dweight, dbias, scratch, dout, inp,
+                                                                                 weight, mean, rstd, N, C, stream);
 }
