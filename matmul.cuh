@@ -1,24 +1,47 @@
 // matmul.cuh: the linear layers (cuBLASLt / cuBLAS) and the tanh-GELU between them.
 //
 //   matmul_forward   out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
+//                    with pre_gelu: pre_gelu (N, OC) = that, out = gelu(pre_gelu)   (GELU fused)
 //   matmul_backward  dinp (N, C) = dout (N, OC) @ weight            (overwritten)
+//                    with pre_gelu (N, C): dinp = (dout @ weight) * gelu'(pre_gelu)   (GELU backward fused)
 //                    dweight (OC, C) += dout^T @ inp                  (accumulated)
 //                    dbias (OC) += column sums of dout                (accumulated)
-//   gelu_forward / gelu_backward_inplace: GPT-2's tanh approximation.
+//   gelu_forward / gelu_backward_inplace: GPT-2's tanh approximation, as separate kernels.
 //
 // Non-obvious choices:
 //   - cuBLAS is column-major: a row-major (R, K) tensor is a column-major (K, R) matrix. So `out`
 //     (N, OC) row-major is the column-major (OC, N) product op(A) B with A = weight as stored, a
-//     (C, OC) matrix used transposed, and B = inp as stored, a (C, N) matrix.
+//     (C, OC) matrix used transposed, and B = inp as stored, a (C, N) matrix. The backward's dinp
+//     (N, C) is the column-major (C, N) product A B with A = weight as stored, a (C, OC) matrix, and
+//     B = dout, an (OC, N) matrix.
 //   - The forward adds the bias in the cuBLASLt epilogue (no extra pass over `out`). When cuBLASLt
 //     offers no algorithm for a shape/alignment (odd sizes), or refuses the one it offered, a plain
-//     cublasGemmEx plus a bias kernel.
+//     cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to be fused): the same
+//     result, unfused.
+//   - GELU fusion (train_gpt -ge): the MLP's fc matmul writes gelu(x W^T + b) as its output and the
+//     pre-activation as cuBLASLt's auxiliary output (CUBLASLT_EPILOGUE_GELU_AUX_BIAS), and the
+//     fcproj backward's dinp matmul multiplies by gelu'(pre-activation) read from the auxiliary input
+//     (CUBLASLT_EPILOGUE_DGELU): one pass over a (B, T, 4C) tensor less each way. Which GELU:
+//     NVIDIA's documentation and cublasLt.h (CUDA 13.0) say only "GELU", no formula. It is the tanh
+//     approximation GPT-2 uses by the account of the libraries that depend on it: PyTorch's
+//     addmm_out_cuda_impl (aten/src/ATen/native/cuda/Blas.cpp) applies at::gelu_(result, "tanh")
+//     where it cannot use the epilogue; XLA's GemmRewriter (xla/service/gpu/gemm_rewriter.cc,
+//     FuseGeluActivation) fuses only the pattern 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//     into it; llm.c offers it for GPT-2 (its -ge flag, off by default there). As that is not NVIDIA's
+//     word, test_gpt probes both epilogues on the GPU against both formulas (test_gpt.cu,
+//     probe_gelu_epilogues: in the negative tail they differ by many units in the last place).
+//     Auxiliary-buffer rules (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD): the leading
+//     dimension, here the row length (OC forward, C backward), must be a multiple of 8; we also ask
+//     for a 16-byte aligned buffer, and the heuristic sees its pointer (it checks its alignment).
+//     Otherwise the unfused path.
 //   - fp32 builds compute in true fp32 (CUBLAS_COMPUTE_32F, no TF32), so they match PyTorch with TF32
-//     off to ~1e-6; bf16 builds take bf16 inputs with fp32 accumulation.
+//     off to ~1e-6; bf16 builds take bf16 inputs with fp32 accumulation. A fused GELU is computed from
+//     the fp32 pre-activation before it is rounded to bf16, the unfused kernel from the rounded one:
+//     the two differ by bf16 rounding, not by formula.
 //   - dbias is a matrix-vector product with a vector of ones (cuBLAS, beta = 1): accumulates,
 //     deterministic, and reads dout once.
 //   - cuBLAS results are bitwise reproducible run to run on the same GPU model and stream (its
-//     documented guarantee), which the deterministic training relies on.
+//     documented guarantee; epilogues included), which the deterministic training relies on.
 #pragma once
 
 #include <cublasLt.h>
@@ -46,6 +69,9 @@ struct BlasContext {
     size_t workspace_bytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
     void* ones_buffer = nullptr;                // a vector of ones of the storage type, for dbias
     size_t ones_count = 0;
+    // Matmuls asked to fuse GELU (forward or backward): how many ran in a cuBLASLt epilogue, how
+    // many took the unfused path (no algorithm for the shape/alignment). Reported by the programs.
+    size_t gelu_fused = 0, gelu_unfused = 0;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
@@ -78,112 +104,6 @@ inline void blas_destroy() {
     if (b.workspace) cuda_check(cudaFree(b.workspace));
     if (b.ones_buffer) cuda_check(cudaFree(b.ones_buffer));
     b = BlasContext();
-}
-
-template <typename T> __global__ void add_bias_kernel(T* out, const T* bias, size_t N, int OC) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < N * OC; i += size_t(gridDim.x) * blockDim.x)
-        out[i] = from_float<T>(to_float(out[i]) + to_float(bias[i % OC]));
-}
-
-// C (m, n) = alpha * op(A) op(B) + beta * C, column-major, plain cuBLAS (fp32 accumulation).
-template <typename T>
-void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const T* A, int lda, const T* B,
-          int ldb, float beta, T* C, int ldc, cudaStream_t stream) {
-    cublas_check(cublasSetStream(blas().handle, stream));
-    cublas_check(cublasGemmEx(blas().handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, B, cuda_data_type<T>(),
-                              ldb, &beta, C, cuda_data_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-// Largest power of two (up to 256) dividing the address: cuBLASLt's kernels need their operands
-// aligned as they assume, and per-layer slices of odd-sized models (C = 39, say) are not.
-inline int pointer_alignment(const void* p) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    int align = 256;
-    while (align > 1 && a % align != 0) align /= 2;
-    return align;
-}
-
-// A cuBLASLt plan for one shape and alignment: descriptors and the heuristic's algorithm, made once
-// (the heuristic query costs tens of microseconds of CPU, every layer of every step otherwise).
-struct MatmulPlan {
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo;
-    bool has_algo = false;
-};
-
-template <typename T>
-MatmulPlan& matmul_plan(int N, int C, int OC, const void* weight, const void* inp, const void* out, const void* bias) {
-    const int align_a = pointer_alignment(weight), align_b = pointer_alignment(inp), align_d = pointer_alignment(out);
-    const int align_bias = bias ? pointer_alignment(bias) : 0;
-    static std::map<std::tuple<int, int, int, int, int, int, int>, MatmulPlan> plans;
-    MatmulPlan& plan = plans[std::make_tuple(N, C, OC, align_a, align_b, align_d, align_bias)];
-    if (plan.desc) return plan;
-    BlasContext& b = blas();
-    const cudaDataType_t type = cuda_data_type<T>();
-    cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
-    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
-    const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    // The heuristic may look at the bias pointer (its alignment): show it the one of this call.
-    if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, C, OC, C));
-    cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, C, N, C));
-    cublas_check(cublasLtMatrixLayoutCreate(&plan.d, type, OC, N, OC));
-    cublasLtMatmulPreference_t pref;
-    cublas_check(cublasLtMatmulPreferenceCreate(&pref));
-    cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
-                                                      sizeof(b.workspace_bytes)));
-    const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_d, (uint32_t)align_d};
-    const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++)
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &heuristic, &found) ==
-            CUBLAS_STATUS_SUCCESS &&
-        found > 0)
-        plan.algo = heuristic.algo, plan.has_algo = true;
-    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
-    return plan;
-}
-
-template <typename T>
-void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, cudaStream_t stream = 0) {
-    BlasContext& b = blas();
-    MatmulPlan& plan = matmul_plan<T>(N, C, OC, weight, inp, out, bias);
-    const float alpha = 1.0f, beta = 0.0f;
-    if (plan.has_algo) {
-        if (bias)
-            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, weight, plan.a, inp, plan.b, &beta, out, plan.d,
-                                                     out, plan.d, &plan.algo, b.workspace, b.workspace_bytes, stream);
-        if (status == CUBLAS_STATUS_SUCCESS) return;
-        if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
-        plan.has_algo = false;  // this shape/alignment is not for cuBLASLt: the plain path from now on
-    }
-    gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC, stream);
-    if (bias) {
-        add_bias_kernel<T><<<1024, 256, 0, stream>>>(out, bias, size_t(N), OC);
-        cuda_check_launch();
-    }
-}
-
-// dinp may be null (not needed), dbias may be null (no bias).
-template <typename T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C, int OC,
-                     cudaStream_t stream = 0) {
-    if (dinp) gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, stream);
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
-    if (dbias) {
-        if (size_t(N) > blas().ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, blas().ones_count);
-        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, static_cast<const T*>(blas().ones_buffer), N, 1.0f,
-                dbias, OC, stream);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,4 +168,165 @@ template <typename T> void gelu_backward_inplace(T* d, const T* inp, size_t n, c
     else
         gelu_backward_kernel<T, 1><<<elementwise_blocks(n), 256, 0, stream>>>(d, inp, n);
     cuda_check_launch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmuls.
+
+template <typename T> __global__ void add_bias_kernel(T* out, const T* bias, size_t N, int OC) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < N * OC; i += size_t(gridDim.x) * blockDim.x)
+        out[i] = from_float<T>(to_float(out[i]) + to_float(bias[i % OC]));
+}
+
+// C (m, n) = alpha * op(A) op(B) + beta * C, column-major, plain cuBLAS (fp32 accumulation).
+template <typename T>
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const T* A, int lda, const T* B,
+          int ldb, float beta, T* C, int ldc, cudaStream_t stream) {
+    cublas_check(cublasSetStream(blas().handle, stream));
+    cublas_check(cublasGemmEx(blas().handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, B, cuda_data_type<T>(),
+                              ldb, &beta, C, cuda_data_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Largest power of two (up to 256) dividing the address: cuBLASLt's kernels need their operands
+// aligned as they assume, and per-layer slices of odd-sized models (C = 39, say) are not.
+inline int pointer_alignment(const void* p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    int align = 256;
+    while (align > 1 && a % align != 0) align /= 2;
+    return align;
+}
+
+// What the cuBLASLt epilogue does after D = op(A) B:
+//   plain: nothing; bias: D += bias (per row of the column-major D);
+//   gelu:  aux = D (+ bias), D = gelu(aux)   (GELU_AUX / GELU_AUX_BIAS: aux keeps the pre-activation);
+//   dgelu: D *= gelu'(aux)                   (aux: the forward's pre-activation, an input).
+enum class MatmulEpilogue { plain, bias, gelu, dgelu };
+
+// A cuBLASLt plan for one shape, epilogue and set of alignments: descriptors and the heuristic's
+// algorithm, made once (the heuristic query costs tens of microseconds of CPU, every layer of every
+// step otherwise). has_algo = false: this case takes the plain cuBLAS path.
+struct MatmulPlan {
+    bool made = false;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    bool has_algo = false;
+};
+
+// Column-major D (m, n) = op(A) B, op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
+// B stored (k, n), ld k; D and aux stored (m, n), ld m.
+template <typename T>
+MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const void* A, const void* B,
+                        const void* D, const void* bias, const void* aux) {
+    const int align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
+    const int align_bias = bias ? pointer_alignment(bias) : 0, align_aux = aux ? pointer_alignment(aux) : 0;
+    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
+    MatmulPlan& plan = plans[std::make_tuple((int)ta, m, n, k, (int)ep, align_a, align_b, align_d, align_bias, align_aux)];
+    if (plan.made) return plan;
+    plan.made = true;
+    const bool uses_aux = ep == MatmulEpilogue::gelu || ep == MatmulEpilogue::dgelu;
+    if (uses_aux && (m % 8 != 0 || align_aux < 16)) return plan;  // the auxiliary buffer's rules: unfused path
+    BlasContext& b = blas();
+    const cudaDataType_t type = cuda_data_type<T>();
+    cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opN = CUBLAS_OP_N;
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (ep == MatmulEpilogue::bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
+    if (ep == MatmulEpilogue::gelu) epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (ep == MatmulEpilogue::dgelu) epilogue = CUBLASLT_EPILOGUE_DGELU;
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // The heuristic looks at the bias and aux pointers (their alignment): show it the ones of this call.
+    if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (uses_aux) {
+        const int64_t aux_ld = m;
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    }
+    if (ta == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, k, m, k));
+    else cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, m, k, m));
+    cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, k));
+    cublas_check(cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    cublas_check(cublasLtMatmulPreferenceCreate(&pref));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
+                                                      sizeof(b.workspace_bytes)));
+    const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_d, (uint32_t)align_d};
+    const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &heuristic, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0)
+        plan.algo = heuristic.algo, plan.has_algo = true;
+    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
+    return plan;
+}
+
+// D = op(A) B with the epilogue, through cuBLASLt (beta = 0: D is overwritten). False when cuBLASLt
+// has no algorithm for this case or refuses it (then never tried again): the caller takes the plain path.
+template <typename T>
+bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const T* A, const T* B, T* D,
+               const T* bias, const T* aux, cudaStream_t stream) {
+    BlasContext& b = blas();
+    MatmulPlan& plan = matmul_plan<T>(ta, m, n, k, ep, A, B, D, bias, aux);
+    if (!plan.has_algo) return false;
+    if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (aux) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d,
+                                                 &plan.algo, b.workspace, b.workspace_bytes, stream);
+    if (status == CUBLAS_STATUS_SUCCESS) return true;
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
+    plan.has_algo = false;  // this case is not for cuBLASLt: the plain path from now on
+    return false;
+}
+
+// pre_gelu (optional, (N, OC)): fuse GELU; it receives the pre-activation, out the GELU of it.
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, T* pre_gelu = nullptr,
+                    cudaStream_t stream = 0) {
+    BlasContext& b = blas();
+    const MatmulEpilogue ep = pre_gelu ? MatmulEpilogue::gelu : bias ? MatmulEpilogue::bias : MatmulEpilogue::plain;
+    const bool fused = matmul_lt<T>(CUBLAS_OP_T, OC, N, C, ep, weight, inp, out, bias, pre_gelu, stream);
+    if (pre_gelu) (fused ? b.gelu_fused : b.gelu_unfused)++;
+    if (fused) return;
+    T* pre = pre_gelu ? pre_gelu : out;
+    gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, pre, OC, stream);
+    if (bias) {
+        add_bias_kernel<T><<<1024, 256, 0, stream>>>(pre, bias, size_t(N), OC);
+        cuda_check_launch();
+    }
+    if (pre_gelu) gelu_forward(out, pre_gelu, size_t(N) * OC, stream);
+}
+
+// dinp may be null (not needed), dbias may be null (no bias). pre_gelu (optional, (N, C)): the
+// forward's pre-activation of `inp` = gelu(pre_gelu); dinp then leaves as the gradient of pre_gelu.
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C, int OC,
+                     const T* pre_gelu = nullptr, cudaStream_t stream = 0) {
+    BlasContext& b = blas();
+    if (dinp) {
+        bool fused = false;
+        if (pre_gelu) {
+            fused = matmul_lt<T>(CUBLAS_OP_N, C, N, OC, MatmulEpilogue::dgelu, weight, dout, dinp, (const T*)nullptr,
+                                 pre_gelu, stream);
+            (fused ? b.gelu_fused : b.gelu_unfused)++;
+        }
+        if (!fused) {
+            gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, stream);
+            if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, stream);
+        }
+    }
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
+    if (dbias) {
+        if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
+        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, static_cast<const T*>(b.ones_buffer), N, 1.0f, dbias,
+                OC, stream);
+    }
 }

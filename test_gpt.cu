@@ -6,7 +6,9 @@
 // Optionally saves the model after the K steps (-s) so the reference can score it back.
 //
 // Each comparison prints the tensor's relative error ||ours - ref|| / ||ref|| (the pass criterion)
-// and its worst element. Bounds: fp32 builds compute in true fp32 (no TF32), so every tensor is
+// and its worst element. -ge and -rc run the GELU-fusion and GELU-recompute paths of train_gpt's -ge
+// and -r (-r is this program's reference file); with fusion, probes first check which GELU formula
+// cuBLASLt's epilogues compute (matmul.cuh: NVIDIA documents none). Bounds: fp32 builds compute in true fp32 (no TF32), so every tensor is
 // within 1e-4 relative and every loss within 1e-5; bf16 builds round parameters and activations to
 // 8 significant bits, so gradients and logits get 2e-2 and losses 1e-2.
 #define TESTING
@@ -102,19 +104,142 @@ template <typename T> static std::vector<float> download(const T* d, size_t n) {
     return out;
 }
 
+template <typename T> static T* upload(const std::vector<float>& host, const char* what) {
+    std::vector<T> tmp(host.size());
+    for (size_t i = 0; i < host.size(); i++) tmp[i] = from_float<T>(host[i]);
+    T* d = static_cast<T*>(device_malloc(tmp.size() * sizeof(T), what));
+    cuda_check(cudaMemcpy(d, tmp.data(), tmp.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// GELU and its derivative in double: the tanh approximation (GPT-2's) and the exact erf form.
+static double gelu_tanh_d(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+static double gelu_erf_d(double x) { return 0.5 * x * (1.0 + std::erf(x * 0.7071067811865476)); }
+static double gelu_tanh_grad_d(double x) {
+    const double th = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+static double gelu_erf_grad_d(double x) {
+    return 0.5 * (1.0 + std::erf(x * 0.7071067811865476)) + x * std::exp(-0.5 * x * x) * 0.3989422804014327;
+}
+
+// Which formula the values `got` (of f at x) follow. Points count where the two formulas differ by at
+// least 4 units in the last place of floatX (in bf16 that is the negative tail, x in about
+// [-4.5, -2.3], where they differ by 3% to 45%). Over those, the least-squares fit
+// got - tanh = alpha (erf - tanh) gives alpha = 0 for the tanh approximation, 1 for the erf form;
+// rounding and a less exact tanh inside the epilogue scatter it, without pulling it towards 1.
+// Passes with |alpha| <= 0.25. The share of points nearer tanh than erf is printed too.
+static bool gelu_formula_check(const char* what, const std::vector<float>& x, const std::vector<float>& got,
+                               double (*f_tanh)(double), double (*f_erf)(double)) {
+    const int mantissa_bits = std::is_same<floatX, float>::value ? 23 : 7;
+    int points = 0, nearer_tanh = 0;
+    double rd = 0.0, dd = 0.0, worst = 0.0;
+    for (size_t i = 0; i < x.size(); i++) {
+        const double t = f_tanh(x[i]), e = f_erf(x[i]), g = got[i];
+        if (!std::isfinite(g)) return printf("  %-16s FAIL  non-finite value at x = %g\n", what, x[i]), false;
+        worst = std::max(worst, std::fabs(g - t));
+        int exponent = 0;
+        std::frexp(t, &exponent);
+        if (t == 0.0 || std::fabs(e - t) < 4.0 * std::ldexp(1.0, exponent - 1 - mantissa_bits)) continue;
+        points++;
+        nearer_tanh += std::fabs(g - t) < std::fabs(g - e);
+        rd += (g - t) * (e - t), dd += (e - t) * (e - t);
+    }
+    const double alpha = dd > 0 ? rd / dd : NAN;
+    const bool ok = points >= 20 && std::fabs(alpha) <= 0.25;
+    printf("  %-16s %s  fit alpha %.3f (0 = tanh approximation, 1 = erf; bound |alpha| <= 0.25) over %d points where "
+           "they differ, %d nearer tanh; worst |ours - tanh| %.3e\n",
+           what, ok ? "ok  " : "FAIL", alpha, points, nearer_tanh, worst);
+    return ok;
+}
+
+// Probes cuBLASLt's GELU epilogues on a grid of pre-activations x in [-8, 8) (rounded to floatX):
+// forward: a zero weight and bias = x make the pre-activation exactly x, so the auxiliary output
+// must equal x and the output is gelu(x); backward (gelu_fusion 2): dout = ones, weight = 1/8, so
+// dout @ weight = 1 exactly and dinp = gelu'(x). x runs along the output rows' length, so a
+// mistaken auxiliary layout shows too. A probe that cuBLASLt would not fuse proves nothing: noted,
+// not counted.
+static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
+    const int N = 64, K = 8, X = 1024;  // rows, inner dimension, grid points
+    std::vector<float> x(X);
+    for (int i = 0; i < X; i++) x[i] = to_float(from_float<floatX>(-8.0f + i / 64.0f));
+    BlasContext& b = blas();
+    printf("GELU epilogue probes (x in [-8, 8), %d points):\n", X);
+    {
+        floatX* inp = upload<floatX>(std::vector<float>(size_t(N) * K, 1.0f), "probe input");
+        floatX* weight = upload<floatX>(std::vector<float>(size_t(X) * K, 0.0f), "probe weight");
+        floatX* bias = upload<floatX>(x, "probe bias");
+        floatX* out = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe output");
+        floatX* pre = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe pre-activation");
+        const size_t fused_before = b.gelu_fused;
+        matmul_forward(out, inp, weight, bias, N, K, X, pre);
+        cuda_check(cudaDeviceSynchronize());
+        if (b.gelu_fused == fused_before) {
+            printf("  forward          not probed: cuBLASLt has no GELU_AUX_BIAS algorithm for the probe\n");
+        } else {
+            const std::vector<float> got_out = download(out, size_t(N) * X), got_pre = download(pre, size_t(N) * X);
+            size_t bad_pre = 0, bad_rows = 0;
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < X; i++) {
+                    bad_pre += got_pre[size_t(n) * X + i] != x[i];
+                    bad_rows += got_out[size_t(n) * X + i] != got_out[i];
+                }
+            printf("  forward aux      %s  pre-activation output equals x in %zu of %zu places, every row alike: %s\n",
+                   bad_pre == 0 && bad_rows == 0 ? "ok  " : "FAIL", size_t(N) * X - bad_pre, size_t(N) * X,
+                   bad_rows == 0 ? "yes" : "NO");
+            counter.record(bad_pre == 0 && bad_rows == 0);
+            counter.record(gelu_formula_check("forward GELU", x, std::vector<float>(got_out.begin(), got_out.begin() + X),
+                                             gelu_tanh_d, gelu_erf_d));
+        }
+        for (floatX* p : {inp, weight, bias, out, pre}) cuda_check(cudaFree(p));
+    }
+    if (gelu_fusion < 2) return;
+    {
+        // matmul_backward's dinp (N, X) = dout (N, K) @ weight (K, X): here C = X, OC = K.
+        floatX* dout = upload<floatX>(std::vector<float>(size_t(N) * K, 1.0f), "probe dout");
+        floatX* weight = upload<floatX>(std::vector<float>(size_t(K) * X, 1.0f / K), "probe weight");
+        std::vector<float> pre_host(size_t(N) * X);
+        for (int n = 0; n < N; n++) std::copy(x.begin(), x.end(), pre_host.begin() + size_t(n) * X);
+        floatX* pre = upload<floatX>(pre_host, "probe pre-activation");
+        floatX* dinp = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe dinp");
+        floatX* dweight = upload<floatX>(std::vector<float>(size_t(K) * X, 0.0f), "probe dweight");
+        const size_t fused_before = b.gelu_fused;
+        matmul_backward(dinp, dweight, (floatX*)nullptr, dout, pre, weight, N, X, K, (const floatX*)pre);
+        cuda_check(cudaDeviceSynchronize());
+        if (b.gelu_fused == fused_before) {
+            printf("  backward         not probed: cuBLASLt has no DGELU algorithm for the probe\n");
+        } else {
+            const std::vector<float> got = download(dinp, size_t(N) * X);
+            size_t bad_rows = 0;
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < X; i++) bad_rows += got[size_t(n) * X + i] != got[i];
+            printf("  backward rows    %s  every row of dinp alike: %s\n", bad_rows == 0 ? "ok  " : "FAIL",
+                   bad_rows == 0 ? "yes" : "NO");
+            counter.record(bad_rows == 0);
+            counter.record(gelu_formula_check("backward GELU'", x, std::vector<float>(got.begin(), got.begin() + X),
+                                             gelu_tanh_grad_d, gelu_erf_grad_d));
+        }
+        for (floatX* p : {dout, weight, pre, dinp, dweight}) cuda_check(cudaFree(p));
+    }
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     std::string checkpoint, reference, save_path;
     bool flash = true;
+    int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const std::string f = argv[i];
         if (f == "-h" || f == "--help") {
-            printf("usage: test_gpt_%s -e CHECKPOINT -r REFERENCE [-s SAVE]\n"
+            printf("usage: test_gpt_%s -e CHECKPOINT -r REFERENCE [-s SAVE] [-fa 0|1] [-ge 0|1|2] [-rc 0|1]\n"
                    "  -e  checkpoint written by gpt_reference.py init\n"
                    "  -r  reference state written by gpt_reference.py state for that checkpoint\n"
                    "  -s  write the model after the reference's K steps here (for gpt_reference.py loss)\n"
-                   "  -fa 0|1  flash attention where it runs (default 1), else cuBLAS attention\n",
-                   PRECISION_NAME);
+                   "  -fa 0|1    flash attention where it runs (default 1), else cuBLAS attention\n"
+                   "  -ge 0|1|2  GELU in cuBLASLt epilogues, as train_gpt's -ge: none, forward, forward and backward\n"
+                   "             (default %d); with 1 or 2 the epilogues' GELU formula is probed first\n"
+                   "  -rc 0|1    recompute GELU in the backward, as train_gpt's -r (default %d)\n",
+                   PRECISION_NAME, GELU_FUSION_DEFAULT, RECOMPUTE_DEFAULT);
             return 0;
         }
         if (i + 1 >= argc) fail("flag %s needs a value (-h for usage)", argv[i]);
@@ -122,6 +247,8 @@ int main(int argc, char** argv) {
         else if (f == "-r") reference = argv[++i];
         else if (f == "-s") save_path = argv[++i];
         else if (f == "-fa") flash = parse_int_flag("-fa", argv[++i], 0, 1) != 0;
+        else if (f == "-ge") gelu_fusion = (int)parse_int_flag("-ge", argv[++i], 0, 2);
+        else if (f == "-rc") recompute = (int)parse_int_flag("-rc", argv[++i], 0, 1);
         else fail("unknown flag %s (-h for usage)", argv[i]);
     }
     if (checkpoint.empty() || reference.empty()) fail("give -e CHECKPOINT and -r REFERENCE (-h for usage)");
@@ -134,8 +261,8 @@ int main(int argc, char** argv) {
     if (memcmp(&c, &ref.config, sizeof(c)) != 0) fail("reference '%s' was made for another model config", reference.c_str());
     TestCounter counter;
     char label[256];
-    snprintf(label, sizeof(label), "test_gpt_%s L=%d NH=%d C=%d V=%d B=%d T=%d", PRECISION_NAME, c.L, c.NH, c.C, c.V,
-             ref.B, ref.T);
+    snprintf(label, sizeof(label), "test_gpt_%s L=%d NH=%d C=%d V=%d B=%d T=%d -ge %d -rc %d", PRECISION_NAME, c.L, c.NH,
+             c.C, c.V, ref.B, ref.T, gelu_fusion, recompute);
     if (!cuda_device_available()) {
         counter.skip(label);
         return counter.finish();
@@ -143,8 +270,11 @@ int main(int argc, char** argv) {
     printf("%s, %d steps, tensor bound %.0e, loss bound %.0e\n", label, ref.K, kTensorTol, kLossTol);
 
     GPT m;
-    gpt_create(m, host, ref.B, ref.T, flash);
-    printf("attention: %s\n", m.flash ? "flash (flash_attention.cuh)" : "cuBLAS (attention.cuh)");
+    gpt_create(m, host, ref.B, ref.T, flash, gelu_fusion, recompute);
+    printf("attention: %s | GELU fusion -ge %d | GELU recompute -rc %d\n",
+           m.flash ? "flash (flash_attention.cuh)" : "cuBLAS (attention.cuh)", gelu_fusion, recompute);
+    if (gelu_fusion >= 1) probe_gelu_epilogues(gelu_fusion, counter);
+    const size_t probe_fused = blas().gelu_fused, probe_unfused = blas().gelu_unfused;
     const int B = ref.B, T = ref.T, BT = B * T;
 
     // Forward only: logits and loss.
@@ -205,6 +335,9 @@ int main(int argc, char** argv) {
                same ? "bit-identical" : "DIFFERENT");
         counter.record(same);
     }
+    if (gelu_fusion >= 1)
+        printf("GELU fusion in the model: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels\n",
+               blas().gelu_fused - probe_fused, blas().gelu_unfused - probe_unfused);
     gpt_free(m);
     return counter.finish();
 }

@@ -238,7 +238,7 @@ struct ActivationTensors {
     floatX* residual2;  // (L, B, T, C)  residual after attention
     floatX* ln2;        // (L, B, T, C)
     floatX* fch;        // (L, B, T, 4C) MLP hidden, before GELU
-    floatX* fch_gelu;   // (L, B, T, 4C)
+    floatX* fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per layer
     floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer
     floatX* lnf;        // (B, T, C)
     floatX* logits;     // (B, T, Vp)    overwritten by dlogits when the forward is given a dloss
@@ -267,11 +267,13 @@ struct StatTensors {
 constexpr int NUM_STAT_TENSORS = sizeof(StatTensors) / sizeof(float*);
 
 // With flash attention the (B, NH, T, T) tensors and the per-head scratch are not needed (size 0).
-inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, size_t act[NUM_ACT_TENSORS],
+// With recompute (GELU recomputed in the backward) fch_gelu holds one layer, not L.
+inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool recompute, size_t act[NUM_ACT_TENSORS],
                              size_t stat[NUM_STAT_TENSORS]) {
     const size_t L = c.L, BT = size_t(B) * T, C = c.C, NH = c.NH, TT = flash ? 0 : size_t(T) * T, heads = flash ? 0 : 1;
+    const size_t LG = recompute ? 1 : L;  // layers of fch_gelu kept
     const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * C,     L * BT * 3 * C, L * BT * C,     L * B * NH * TT,
-                                       L * BT * C, L * BT * C,     L * BT * 4 * C, L * BT * 4 * C, L * BT * C,
+                                       L * BT * C, L * BT * C,     L * BT * 4 * C, LG * BT * 4 * C, L * BT * C,
                                        BT * C,     BT * c.Vp,      BT * C,         heads * 3 * BT * C, heads * BT * C,
                                        BT * C,     BT * C,         BT * 4 * C,     heads * 3 * BT * C, size_t(B) * NH * TT};
     const size_t s[NUM_STAT_TENSORS] = {L * BT, L * BT, L * BT, L * BT, BT, BT, BT, flash ? L * NH * BT : 0};
@@ -312,6 +314,8 @@ struct GPT {
     void* ln_scratch = nullptr;
     bool flash = false;             // attention through flash_attention.cuh (bf16 builds, head sizes it takes)
     void* flash_scratch = nullptr;  // its backward's scratch
+    int gelu_fusion = 0;            // GELU in cuBLASLt epilogues: 0 none, 1 forward, 2 forward and backward (-ge)
+    int recompute = 0;              // 1: fch_gelu holds one layer, the backward recomputes it from fch (-r)
     float* norm_squared = nullptr;  // (1)
     float* norm_partials = nullptr;
     int* inputs = nullptr;   // (B, T) device
@@ -339,11 +343,21 @@ inline bool flash_attention_usable(const GPTConfig& c) {
     return std::is_same<floatX, __nv_bfloat16>::value && flash_attention_supported(c.C / c.NH);
 }
 
+// GELU fusion by default: in bf16 builds forward and backward (-ge 2: fewer passes over (B, T, 4C)
+// tensors). fp32 builds are the exact reference (PyTorch to ~1e-6): their GELU stays our tanhf
+// kernel, not the epilogue's undocumented arithmetic, and their speed is not the point.
+constexpr int GELU_FUSION_DEFAULT = std::is_same<floatX, float>::value ? 0 : 2;
+// Every activation kept by default: speed first; d12 fits at B=64 on an 80 GB GPU (see -r in -h).
+constexpr int RECOMPUTE_DEFAULT = 0;
+
 // use_flash: take flash attention where usable (else the cuBLAS attention of attention.cuh).
-inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_flash = true) {
+// gelu_fusion, recompute: as -ge and -r of train_gpt.
+inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_flash = true,
+                       int gelu_fusion = GELU_FUSION_DEFAULT, int recompute = RECOMPUTE_DEFAULT) {
     m.config = host.config;
     m.B = B, m.T = T;
     m.flash = use_flash && flash_attention_usable(m.config);
+    m.gelu_fusion = gelu_fusion, m.recompute = recompute;
     param_sizes(m.config, m.param_sizes);
     m.num_params = num_parameters(m.config);
     const size_t np = m.num_params;
@@ -364,7 +378,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
     else cuda_check(cudaFree(staging));
 
     size_t act_sizes[NUM_ACT_TENSORS], stat_sizes[NUM_STAT_TENSORS];
-    activation_sizes(m.config, B, T, m.flash, act_sizes, stat_sizes);
+    activation_sizes(m.config, B, T, m.flash, m.recompute != 0, act_sizes, stat_sizes);
     floatX** act_views = reinterpret_cast<floatX**>(&m.acts);
     float** stat_views = reinterpret_cast<float**>(&m.stats);
     m.acts_memory = gpt_alloc<floatX>(m, carve<floatX>(act_views, NUM_ACT_TENSORS, nullptr, act_sizes), "activations");
@@ -498,7 +512,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* residual2 = a.residual2 + l * btc;
         floatX* ln2 = a.ln2 + l * btc;
         floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = a.fch_gelu + l * 4 * btc;
+        floatX* fch_gelu = m.recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
@@ -514,9 +528,13 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         fused_residual_layernorm_forward(residual2, ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, x, a.block_out,
                                          p.ln2w + l * C, p.ln2b + l * C, BT, C);
         prof.mark("fwd.matmul");
-        matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C);
-        prof.mark("fwd.gelu");
-        gelu_forward(fch_gelu, fch, 4 * btc);
+        if (m.gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
+            matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, fch);
+        } else {
+            matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C);
+            prof.mark("fwd.gelu");
+            gelu_forward(fch_gelu, fch, 4 * btc);
+        }
         prof.mark("fwd.matmul");
         matmul_forward(a.block_out, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C);
         prof.mark("fwd.layernorm");
@@ -576,14 +594,21 @@ inline void gpt_backward(GPT& m, int B, int T) {
         const floatX* residual2 = a.residual2 + l * btc;
         const floatX* ln2 = a.ln2 + l * btc;
         const floatX* fch = a.fch + l * 4 * btc;
-        const floatX* fch_gelu = a.fch_gelu + l * 4 * btc;
+        floatX* fch_gelu = m.recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;
 
         // MLP. dresidual is the gradient of residual3 = residual2 + fcproj, so also of fcproj.
+        if (m.recompute) {  // -r 1: fcprojw's gradient needs this layer's GELU output, recomputed from fch
+            prof.mark("bwd.gelu");
+            gelu_forward(fch_gelu, fch, 4 * btc);
+        }
         prof.mark("bwd.matmul");
+        // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
         matmul_backward(a.dbig, g.fcprojw + size_t(l) * 4 * C * C, g.fcprojb + size_t(l) * C, a.dresidual, fch_gelu,
-                        p.fcprojw + size_t(l) * 4 * C * C, BT, 4 * C, C);
-        prof.mark("bwd.gelu");
-        gelu_backward_inplace(a.dbig, fch, 4 * btc);
+                        p.fcprojw + size_t(l) * 4 * C * C, BT, 4 * C, C, m.gelu_fusion >= 2 ? fch : nullptr);
+        if (m.gelu_fusion < 2) {
+            prof.mark("bwd.gelu");
+            gelu_backward_inplace(a.dbig, fch, 4 * btc);
+        }
         prof.mark("bwd.matmul");
         matmul_backward(a.dln, g.fcw + size_t(l) * 4 * C * C, g.fcb + size_t(l) * 4 * C, a.dbig, ln2,
                         p.fcw + size_t(l) * 4 * C * C, BT, C, 4 * C);
@@ -893,6 +918,7 @@ struct Options {
     int shuffle = 1;
     int profile = 0;
     int flash = 1;
+    int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT;
 };
 
 static void usage(const Options& d) {
@@ -922,12 +948,22 @@ static void usage(const Options& d) {
            "  -sh <0|1>   shuffle the training windows each epoch (default %d)\n"
            "  -pf <0|1>   time every kernel family with CUDA events, print the breakdown at the end (default %d)\n"
            "  -fa <0|1>   flash attention where it runs (bf16 builds, head size 64/80/128), else cuBLAS attention (default %d)\n"
+           "  -ge <0|1|2> GELU in cuBLASLt matmul epilogues: 0 = separate GELU kernels, 1 = fused in the forward,\n"
+           "              2 = forward and backward (default %d: 2 in bf16 builds; 0 in fp32 builds, the exact reference,\n"
+           "              which keep their own tanh kernel; shapes cuBLASLt cannot fuse take the kernels either way)\n"
+           "  -r <0|1>    1 = recompute GELU in the backward instead of keeping its output: saves (L-1)*B*T*4C\n"
+           "              activations (1.0 GiB at d12 B=16 T=1024 bf16, 4.1 GiB at B=64) for one GELU kernel per\n"
+           "              layer in the backward (~0.9 ms a step at B=16 on an H100, ~2.5%%) (default %d: speed\n"
+           "              first, as d12 fits at B=64 on an 80 GB GPU; llm.c's default is 1; take 1 when memory\n"
+           "              limits B. With -ge 1/2 the recomputed GELU (our kernel, on the stored pre-activation)\n"
+           "              can differ from the epilogue's by rounding: -r 1 is then not bit-identical to -r 0)\n"
            "  -h          this help\n"
            "Each step prints loss, grad norm, lr, time, tokens/s and MFU = 6*N + 12*L*C*T FLOPs per token\n"
            "(PaLM's count) over the peak of an H100 SXM (989 TFLOP/s dense bf16; 67 TFLOP/s fp32).\n",
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
-           d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle, d.profile, d.flash);
+           d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle, d.profile, d.flash,
+           d.gelu_fusion, d.recompute);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -968,6 +1004,8 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-sh") o.shuffle = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-pf") o.profile = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-fa") o.flash = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-ge") o.gelu_fusion = (int)parse_int_flag(fl, v, 0, 2);
+        else if (f == "-r") o.recompute = (int)parse_int_flag(fl, v, 0, 1);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
     }
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
@@ -1099,7 +1137,7 @@ int main(int argc, char** argv) {
     cuda_check(cudaGetDeviceProperties(&prop, 0));
     GPT m;
     profiler().on = o.profile != 0;
-    gpt_create(m, host, o.B, o.T, o.flash != 0);
+    gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute);
     if (resumed) {
         cuda_check(cudaMemcpy(m.adam_m, state.adam_m.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
         cuda_check(cudaMemcpy(m.adam_v, state.adam_v.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
@@ -1109,13 +1147,16 @@ int main(int argc, char** argv) {
     const size_t real_params = m.num_params - size_t(c.Vp - c.V) * c.C;
     const double flops_per_token = 6.0 * real_params + 12.0 * c.L * c.C * o.T;
     const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
-    printf("device: %s | precision %s | %s attention | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
-           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
+    printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d | model L=%d NH=%d C=%d "
+           "maxT=%d V=%d (Vp=%d), %zu parameters\n",
+           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, c.L, c.NH, c.C, c.maxT, c.V,
+           c.Vp, real_params);
     printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
            "(%d batches)\n",
            o.B, o.T, o.total_batch, accum, train.file.tokens.size(), train.windows, val.file.tokens.size(), val_batches);
     if (o.val_every > 0 && val.B < o.B) printf("validation batches hold %d rows of T (the file is small)\n", val.B);
-    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch\n", m.bytes_allocated / 1073741824.0);
+    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s\n",
+           m.bytes_allocated / 1073741824.0, m.recompute ? " (-r 1: GELU output of one layer, not L)" : "");
     FILE* log = nullptr;
     if (!o.out_dir.empty()) {
         const std::string log_path = o.out_dir + "/main.log";
@@ -1218,6 +1259,9 @@ int main(int argc, char** argv) {
            "peak GPU memory %.2f GiB\n",
            (int)step_ms.size(), format_duration(now_seconds() - start).c_str(), train_loss, last_val, median_ms,
            o.total_batch / (median_ms * 1e-3), peak_used / 1073741824.0);
+    if (m.gelu_fusion > 0)
+        printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "
+               "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);
     profiler().report();
     if (log) fclose(log);
     gpt_free(m);

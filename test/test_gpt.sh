@@ -5,20 +5,35 @@
 # For each: gpt_reference.py writes a checkpoint and a reference state (fp32, TF32 off, on the GPU
 # when PyTorch sees one), test_gpt_{fp32,bf16} compares against it, saves its model after the K steps,
 # and gpt_reference.py scores that model back on the same batch (the other direction).
+# Each run takes the precision's default GELU path (fp32: -ge 0 -rc 0; bf16: -ge 2 -rc 0); at d12 B=4
+# T=64 extra runs take the other paths, same bounds: fp32 -ge 2 -rc 1 (fused GELU, recomputed), bf16
+# -ge 0 -rc 0 (separate GELU kernels) and -ge 2 -rc 1. Runs with fusion also probe which GELU formula
+# cuBLASLt's epilogues compute.
 # Without a GPU every check is reported as skipped. Ends with `N passed, N failed, N skipped`.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 configs=("d12 4 64" "d12 4 1024" "L=2,NH=3,C=39,V=1237,maxT=50 3 37")
 precisions=(fp32 bf16)
+# "" = the build's defaults; the other entries are the extra GELU-path runs, first configuration only.
+declare -A extra_runs=([fp32]="-ge 2 -rc 1" [bf16]="-ge 0 -rc 0;-ge 2 -rc 1")
+runs_of() {  # prec first_config: one line per run's test_gpt flags
+    echo ""
+    if [[ $2 == 1 ]]; then tr ';' '\n' <<<"${extra_runs[$1]}"; fi
+}
 passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
+    first=1
     for cfg in "${configs[@]}"; do
         for prec in "${precisions[@]}"; do
-            echo "test_gpt_$prec ($cfg): skipped (no CUDA device)"
-            skipped=$((skipped + 1))
+            mapfile -t runs < <(runs_of "$prec" "$first")
+            for flags in "${runs[@]}"; do
+                echo "test_gpt_$prec ($cfg${flags:+ $flags}): skipped (no CUDA device)"
+                skipped=$((skipped + 1))
+            done
         done
+        first=0
     done
     echo "$passed passed, $failed failed, $skipped skipped"
     exit 0
@@ -28,6 +43,7 @@ dir=test/ref
 mkdir -p "$dir"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+first=1
 for cfg in "${configs[@]}"; do
     read -r model B T <<<"$cfg"
     name=$(echo "${model}_B${B}_T${T}" | tr ',=' '__')
@@ -37,34 +53,41 @@ for cfg in "${configs[@]}"; do
            --out "$dir/$name.state"; then
         echo "FAIL: gpt_reference.py could not write the reference for $cfg"
         failed=$((failed + 1))
+        first=0
         continue
     fi
     for prec in "${precisions[@]}"; do
-        ./test_gpt_$prec -e "$dir/$name.ckpt" -r "$dir/$name.state" -s "$dir/$name.$prec.after.ckpt" 2>&1 | tee "$log"
-        rc=${PIPESTATUS[0]}
-        line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log" | tail -n 1)
-        if [[ -z "$line" ]]; then
-            echo "FAIL: test_gpt_$prec ended without a count line (exit code $rc)"
-            failed=$((failed + 1))
-            continue
-        fi
-        read -r p _ f _ s _ <<<"${line//,/}"
-        passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
-        [[ $rc -ne 0 && $f -eq 0 ]] && failed=$((failed + 1))
-        # The other direction: PyTorch scores the model test_gpt trained.
-        ours=$(sed -n 's/^loss after [0-9]* steps: //p' "$log")
-        theirs=$("$PYTHON" gpt_reference.py loss --checkpoint "$dir/$name.$prec.after.ckpt" -B "$B" -T "$T" --seed 42 |
-                 sed -n 's/^loss //p')
-        tol=$([[ $prec == fp32 ]] && echo 1e-5 || echo 1e-2)
-        if "$PYTHON" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= $tol * abs(b) else 1)" \
-               "${ours:-nan}" "${theirs:-nan}"; then
-            echo "  PyTorch scores our trained model: ok    ours ${ours} PyTorch ${theirs} (bound $tol relative)"
-            passed=$((passed + 1))
-        else
-            echo "  PyTorch scores our trained model: FAIL  ours ${ours:-none} PyTorch ${theirs:-none} (bound $tol relative)"
-            failed=$((failed + 1))
-        fi
+        mapfile -t runs < <(runs_of "$prec" "$first")
+        for flags in "${runs[@]}"; do
+            after="$dir/$name.$prec$(echo "$flags" | tr -d ' -').after.ckpt"
+            # shellcheck disable=SC2086  # $flags is a list of flags
+            ./test_gpt_$prec -e "$dir/$name.ckpt" -r "$dir/$name.state" -s "$after" $flags 2>&1 | tee "$log"
+            rc=${PIPESTATUS[0]}
+            line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log" | tail -n 1)
+            if [[ -z "$line" ]]; then
+                echo "FAIL: test_gpt_$prec${flags:+ $flags} ended without a count line (exit code $rc)"
+                failed=$((failed + 1))
+                continue
+            fi
+            read -r p _ f _ s _ <<<"${line//,/}"
+            passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+            [[ $rc -ne 0 && $f -eq 0 ]] && failed=$((failed + 1))
+            # The other direction: PyTorch scores the model test_gpt trained.
+            ours=$(sed -n 's/^loss after [0-9]* steps: //p' "$log")
+            theirs=$("$PYTHON" gpt_reference.py loss --checkpoint "$after" -B "$B" -T "$T" --seed 42 |
+                     sed -n 's/^loss //p')
+            tol=$([[ $prec == fp32 ]] && echo 1e-5 || echo 1e-2)
+            if "$PYTHON" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= $tol * abs(b) else 1)" \
+                   "${ours:-nan}" "${theirs:-nan}"; then
+                echo "  PyTorch scores our trained model: ok    ours ${ours} PyTorch ${theirs} (bound $tol relative)"
+                passed=$((passed + 1))
+            else
+                echo "  PyTorch scores our trained model: FAIL  ours ${ours:-none} PyTorch ${theirs:-none} (bound $tol relative)"
+                failed=$((failed + 1))
+            fi
+        done
     done
+    first=0
 done
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 ]]
