@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Verification of a change to GPU code in two device calls that each fit 10 minutes, newest risk first
+# (PART=1 then PART=2, back to back so the machine stays warm; the whole `make test` is
+# scripts/device_check.sh). Logs under $OUT/verify/.
+#   PART=1  build; every lab --check (LayerNorm, attention); test/test_gpt.sh (both precisions, every
+#           configuration); LayerNorm benchmark of the header's versions (forward 5, backward 7 and 8)
+#           with a memcheck of the backward; training throughput of ours (scripts/bench_train.sh, no
+#           PyTorch).
+#   PART=2  test/test_resume.sh and test/test_train_cli.sh; `make train`; a longer run's validation
+#           curve (-x $CURVE_STEPS); PyTorch's side of the training benchmark; the LayerNorm
+#           side-by-side with PyTorch.
+set -u
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+OUT=${OUT:-out}
+log=$OUT/verify
+mkdir -p "$log"
+export GPT_MIRROR=${GPT_MIRROR:-.carry/mirror}
+PY=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+started=$SECONDS
+make -j16 all > "$log/build.log" 2>&1 || { tail -n 30 "$log/build.log"; exit 1; }
+echo "build: $((SECONDS - started)) s"
+step() {  # step NAME COMMAND...: run, log to $log/NAME.log, print the count lines and the time
+    local name=$1 t=$SECONDS
+    shift
+    "$@" > "$log/$name.log" 2>&1
+    local rc=$?
+    echo "--- $name: exit $rc, $((SECONDS - t)) s"
+    grep -E "passed, [0-9]+ failed|FAIL|!!!|error" "$log/$name.log" | grep -v " ok " | tail -n 8
+}
+if [[ ${PART:-1} == 1 ]]; then
+    step lab_check bash -c 'for p in dev/cuda/*; do [[ -x $p && $p != *.* ]] && { echo "=== $p"; ./$p --check | tail -n 3; }; done'
+    step test_gpt bash test/test_gpt.sh
+    OUT="$log" TORCH=0 FWD_VERSIONS=5 BWD_VERSIONS="7 8" SANITIZE=1 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
+    echo "--- layernorm lab: exit $?"
+    grep -E "^  [0-9]+ +(fp32|bf16) +[0-9]+ " "$log/layernorm.log" | tail -n 30
+    grep -E "ERROR SUMMARY|!!!" "$log/layernorm.log"
+    prepare() { "$PY" data/prepare_tinyshakespeare.py > "$log/data.log" 2>&1; }
+    prepare || tail -n 5 "$log/data.log"
+    OUT="$log" BATCHES="16 32 64" STEPS=20 TORCH=0 PROFILE_BATCHES=16 timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 90
+else
+    step test_resume bash test/test_resume.sh
+    step test_train_cli bash test/test_train_cli.sh
+    started=$SECONDS
+    timeout 150 make train > "$log/make_train.log" 2>&1
+    echo "--- make train: exit $?, $((SECONDS - started)) s"
+    grep -E "^(device|batch|memory|done)|val loss|sample" "$log/make_train.log" | tail -n 14
+    ./train_gpt_bf16 -x "${CURVE_STEPS:-400}" -v 25 -s 0 > "$log/curve.log" 2>&1
+    echo "--- curve (-x ${CURVE_STEPS:-400} -v 25):"
+    grep -E "val loss|^done" "$log/curve.log" | tr '\n' ';' | sed 's/step *//g'; echo
+    timeout 300 "$PY" scripts/bench_torch_gpt.py --batch ${TORCH_BATCHES:-32 64} --steps 20 2>&1 | grep -vE "^\s*$|Warning|warn" | tee "$log/pytorch.log" | tail -n 20
+    PYTHONUNBUFFERED=1 timeout 200 "$PY" dev/cuda/layernorm_vs_torch.py > "$log/vs_torch.log" 2>&1
+    echo "--- layernorm vs torch: exit $?"
+    tail -n 16 "$log/vs_torch.log"
+fi
