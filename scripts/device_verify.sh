@@ -30,7 +30,7 @@ step() {  # step NAME COMMAND...: run, log to $log/NAME.log, print the count lin
     grep -E "passed, [0-9]+ failed|FAIL|!!!|error" "$log/$name.log" | grep -v " ok " | tail -n 8
 }
 if [[ ${PART:-1} == 1 ]]; then
-    step lab_check bash -c 'for p in dev/cuda/*; do [[ -x $p && $p != *.* ]] && { echo "=== $p"; ./$p --check | tail -n 3; }; done'
+    step lab_check bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | grep dev/cuda/); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
     step test_gpt bash test/test_gpt.sh
     OUT="$log" TORCH=0 FWD_VERSIONS=5 BWD_VERSIONS="7 8" SANITIZE=1 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
     echo "--- layernorm lab: exit $?"
@@ -53,4 +53,12 @@ else
     PYTHONUNBUFFERED=1 timeout 200 "$PY" dev/cuda/layernorm_vs_torch.py > "$log/vs_torch.log" 2>&1
     echo "--- layernorm vs torch: exit $?"
     tail -n 16 "$log/vs_torch.log"
+    for dt in fp32 bf16; do ./dev/cuda/layernorm_backward 7 8 --dtype $dt; done > "$log/ln_backward.log" 2>&1
+    grep -E "^  [0-9]+ +(fp32|bf16) +[0-9]+ |copy" "$log/ln_backward.log"
+    for r in 0 1; do  # the same 20 steps at B=64 with every activation kept and with GELU recomputed
+        ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 -r $r > "$log/b64_r$r.log" 2>&1
+        echo "-r $r B=64: $(grep -E '^step +[0-9]+/' "$log/b64_r$r.log" | awk '{printf "%s ", $5}')"
+    done
 fi
+# The device returns few files: everything in one archive too.
+tar -czf "$OUT/verify_logs.tgz" -C "$OUT" verify
