@@ -5,22 +5,7 @@
 # for the flash versions), and runs the PyTorch SDPA (flash backend) side-by-side.
 # Logs go to $OUT/attention/*.log (OUT defaults to ./out).
 #   usage: bash scripts/device_attention.sh [-h]
-set -uo pipefail
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,7p' "$0"; exit 0; fi
-[[ $# -eq 0 ]] || { echo "error: unexpected argument '$1' (see -h)" >&2; exit 1; }
-cd "$(dirname "$0")/.."
-export PATH=/usr/local/cuda/bin:$PATH
-logs=${OUT:-out}/attention
-mkdir -p "$logs"
-PY=${PYTHON:-python3}
-status=0
-rm -f "$logs"/*.log
-run() {  # run LOG COMMAND...: append to $logs/LOG.log (few files: the device returns at most 8), remember a failure
-    local name=$1; shift
-    echo "=== $*" | tee -a "$logs/$name.log"
-    "$@" 2>&1 | tee -a "$logs/$name.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "!!! $name failed"; status=1; }
-}
+source "$(dirname "$0")/device_lab.sh" attention "$@"
 run build make -j16 dev/cuda/attention_forward dev/cuda/attention_backward build/libattention_capi.so
 run check ./dev/cuda/attention_forward --check
 run check ./dev/cuda/attention_backward --check

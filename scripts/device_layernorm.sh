@@ -6,22 +6,7 @@
 # benchmarked versions (default: all); SANITIZE=1 adds a compute-sanitizer memcheck of the header's
 # backward (version 8) over the validation shapes; TORCH=0 skips the PyTorch side-by-side.
 #   usage: bash scripts/device_layernorm.sh [-h]
-set -uo pipefail
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,9p' "$0"; exit 0; fi
-[[ $# -eq 0 ]] || { echo "error: unexpected argument '$1' (see -h)" >&2; exit 1; }
-cd "$(dirname "$0")/.."
-export PATH=/usr/local/cuda/bin:$PATH
-logs=${OUT:-out}/layernorm
-mkdir -p "$logs"
-PY=${PYTHON:-python3}
-status=0
-rm -f "$logs"/*.log
-run() {  # run LOG COMMAND...: append to $logs/LOG.log (few files: the device returns at most 8), remember a failure
-    local name=$1; shift
-    echo "=== $*" | tee -a "$logs/$name.log"
-    "$@" 2>&1 | tee -a "$logs/$name.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "!!! $name failed"; status=1; }
-}
+source "$(dirname "$0")/device_lab.sh" layernorm "$@"
 run build make -j16 dev/cuda/layernorm_forward dev/cuda/layernorm_backward build/liblayernorm_capi.so
 run check ./dev/cuda/layernorm_forward --check
 run check ./dev/cuda/layernorm_backward --check
