@@ -727,17 +727,18 @@ struct DataLoader {
 // gpt_reference.py, with a crc32) and state_SSSSSSSS.bin: 256 int32 header {magic 20251103, version
 // 2, step, B, T, crc32, 0, 0, num_params (int64 at [8]), loader epoch (int64 at [10]), loader cursor
 // (int64 at [12]), sampler RNG (uint64 at [14]), -sd seed (int64 at [16]), -sh shuffle ([18]),
-// training tokens' crc32 ([19]), training token count (int64 at [20])} then fp32 master weights,
-// AdamW m, AdamW v. Both are written atomically (temporary file, fsync, rename); a checkpoint counts
+// training tokens' crc32 ([19]), training token count (int64 at [20]), -ge ([22]), -r ([23])} then
+// fp32 master weights, AdamW m, AdamW v. Both are written atomically (temporary file, fsync, rename); a checkpoint counts
 // only when both files are complete and pass their checksums. The run setup (B, T, seed, shuffle,
 // training data) is recorded because the data position means nothing under another one: resuming
-// with a different setup is an error, never a silent change of the data order.
+// with a different setup is an error, never a silent change of the data order. Another -ge or -r
+// is allowed (a run may need -r 1 to fit a smaller GPU) with a warning: it rounds differently.
 
 struct TrainState {
     int step = 0;  // completed optimizer steps
     uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;
     // The run setup the state belongs to.
-    int B = 0, T = 0, shuffle = 0;
+    int B = 0, T = 0, shuffle = 0, gelu_fusion = 0, recompute = 0;
     int64_t seed = 0;
     uint64_t data_tokens = 0;
     uint32_t data_crc = 0;
@@ -776,6 +777,7 @@ inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st
     h[18] = st.shuffle;
     h[19] = (int32_t)st.data_crc;
     put64(h, 20, st.data_tokens);
+    h[22] = st.gelu_fusion, h[23] = st.recompute;
     const size_t bytes = m.num_params * sizeof(float);
     uint32_t crc = 0;
     {
@@ -866,6 +868,7 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     st.loader_epoch = get64(h, 10), st.loader_cursor = get64(h, 12), st.sampler_rng = get64(h, 14);
     st.B = h[3], st.T = h[4], st.seed = (int64_t)get64(h, 16), st.shuffle = h[18];
     st.data_crc = (uint32_t)h[19], st.data_tokens = get64(h, 20);
+    st.gelu_fusion = h[22], st.recompute = h[23];
     return true;
 }
 
@@ -1083,6 +1086,10 @@ int main(int argc, char** argv) {
                  "(given -b %d -t %d -sd %lld -sh %d)",
                  state.step, o.out_dir.c_str(), state.B, state.T, (long long)state.seed, state.shuffle, o.B, o.T,
                  (long long)o.seed, o.shuffle);
+        if (resumed && (state.gelu_fusion != o.gelu_fusion || state.recompute != o.recompute))
+            fprintf(stderr, "warning: the checkpoint of step %d was written with -ge %d -r %d, this run has -ge %d -r %d: "
+                    "its losses will differ in rounding from an uninterrupted run\n", state.step, state.gelu_fusion,
+                    state.recompute, o.gelu_fusion, o.recompute);
         // Else the final checkpoint would be labelled step -x while holding the later weights.
         if (resumed && state.step > o.max_steps)
             fail("-x %d is below step %d of the checkpoint in %s (give a larger -x to continue it)", o.max_steps,
@@ -1119,6 +1126,7 @@ int main(int argc, char** argv) {
         printf("resuming from step %d in %s\n", state.step, o.out_dir.c_str());
     }
     state.B = o.B, state.T = o.T, state.seed = o.seed, state.shuffle = o.shuffle;
+    state.gelu_fusion = o.gelu_fusion, state.recompute = o.recompute;
     state.data_tokens = data_tokens, state.data_crc = data_crc;
     Tokenizer tokenizer;
     const bool have_tokenizer = o.tokenizer_given || file_exists(o.tokenizer_path);

@@ -273,10 +273,11 @@ for prec in fp32 bf16; do
     # ---- -y 1: which checkpoint in the output folder is taken (host side; training needs the GPU).
     # Checkpoints written at -b 2 -t 16 like the runs; -x 100 goes past their steps.
     rbase=("${base[@]}" -x 100)
+    ge=$([[ $prec == fp32 ]] && echo 0 || echo 2)  # the build's default -ge, as its checkpoints record it
     d=$tmp/resume_$prec
     mkdir -p "$d"
     gen model-crc "$M" "$d/model_00000010.bin"
-    gen state "$d/state_00000010.bin" "$d/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --cursor 5
+    gen state "$d/state_00000010.bin" "$d/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --cursor 5
     expect_warn_valid "-y 1 resumes from the valid checkpoint" 0 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
     expect_error "-x 5 below the checkpoint's step 10" "-x 5" "${rbase[@]}" -o "$d" -y 1 -x 5
     expect_warn_valid "-x 10 = the checkpoint's step (nothing to train) accepted" 0 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1 -x 10
@@ -289,13 +290,15 @@ for prec in fp32 bf16; do
     head -c 5000 "$d/state_00000010.bin" >"$d/state_00000030.bin.tmp.Ab12Cd"  # a write killed midway
     head -c 5000 "$d/model_00000010.bin" >"$d/model_00000030.bin.tmp.Xy34Zw"
     expect_warn_valid "-y 1 ignores temp files of a killed write" 1 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
-    gen state "$d/state_00000040.bin" "$d/model_00000010.bin" 40 2 16 --data "$tmp/train.bin"  # killed between the two files
+    gen state "$d/state_00000040.bin" "$d/model_00000010.bin" 40 2 16 --data "$tmp/train.bin" --ge "$ge"  # killed between the two files
     expect_warn_valid "-y 1 skips a state file without its model file" 2 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
     expect_stderr_has "  ... the warning names model_00000040.bin" '^warning: .*model_00000040\.bin'
     edit "$d/model_00000010.bin" "$d/model_00000050.bin" --flip 3000
-    gen state "$d/state_00000050.bin" "$d/model_00000010.bin" 50 2 16 --data "$tmp/train.bin"
+    gen state "$d/state_00000050.bin" "$d/model_00000010.bin" 50 2 16 --data "$tmp/train.bin" --ge "$ge"
     expect_warn_valid "-y 1 skips a corrupt newest model file" 3 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
     expect_stderr_has "  ... the warning names model_00000050.bin" '^warning: .*model_00000050\.bin'
+    expect_warn_valid "-y 1 -r 1 (checkpoint written at -r 0) resumes, warning" 4 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1 -r 1
+    expect_stderr_has "  ... the warning names -r 0 and -r 1" "^warning: .*-ge $ge -r 0, this run has -ge $ge -r 1"
     # Another run setup than the checkpoint's: an error (after the 3 warnings), never a fresh start
     # that would overwrite the run's checkpoints.
     expect_error_after_warnings() {
@@ -324,7 +327,7 @@ for prec in fp32 bf16; do
     d2=$tmp/resume_cursor_$prec
     mkdir -p "$d2"
     gen model-crc "$M" "$d2/model_00000010.bin"
-    gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --cursor 1000
+    gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --cursor 1000
     expect_error "-y 1: data position beyond the token file" "$tmp/train.bin" "${rbase[@]}" -o "$d2" -y 1
 done
 

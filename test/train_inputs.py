@@ -8,11 +8,12 @@ Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts f
                                             per token a uint8 length and its bytes)
   model-crc IN OUT                         a model checkpoint as train_gpt writes it: IN (e.g. from
                                             gpt_reference.py, crc 0) with header[8] = crc32
-  state OUT MODEL STEP B T --data TOKENS [--epoch E] [--cursor K] [--seed S] [--shuffle 0|1]
+  state OUT MODEL STEP B T --data TOKENS [--epoch E] [--cursor K] [--seed S] [--shuffle 0|1] [--ge G] [--r R]
                                             a training-state file for the model checkpoint MODEL, as
                                             train_gpt writes it (master = MODEL's parameters, AdamW
                                             m = v = 0, crc32 in header[5]) for a run of -b B -t T
-                                            -sd S (default 1337) -sh (default 1) on the token file TOKENS
+                                            -sd S (default 1337) -sh (default 1) -ge G -r R (defaults: the
+                                            bf16 build's, 2 and 0) on the token file TOKENS
   edit IN OUT [--flip OFFSET [--xor MASK]] [--drop N] [--append N] [--set-int SLOT=VALUE] [--set-float I=VALUE]
                                             a damaged copy: XOR MASK (default 1) into the byte at OFFSET (negative
                                             counts from the end), drop the last N bytes, append N zero
@@ -80,6 +81,7 @@ def cmd_state(a):
     tokens = open(a.data, "rb").read()[HEADER_BYTES:]
     header[19] = np.uint32(zlib.crc32(tokens)).view(np.int32)
     header[20:22] = np.array([len(tokens) // 2], np.int64).view(np.int32)
+    header[22:24] = [a.ge, a.r]
     zeros = np.zeros(n, np.float32)
     payload = params.tobytes() + zeros.tobytes() + zeros.tobytes()
     header[5] = np.uint32(zlib.crc32(payload, zlib.crc32(header.tobytes()))).view(np.int32)
@@ -132,6 +134,8 @@ def main():
     q.add_argument("--data", required=True)
     q.add_argument("--seed", type=int, default=1337)
     q.add_argument("--shuffle", type=int, default=1)
+    q.add_argument("--ge", type=int, default=2)
+    q.add_argument("--r", type=int, default=0)
     q.set_defaults(fn=cmd_state)
     q = sub.add_parser("edit")
     q.add_argument("inp")
