@@ -49,7 +49,7 @@ all: $(PROGRAMS)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
 %_fp32: %.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< -o $@ $(LDLIBS)
-dev/cuda/%: dev/cuda/%.cu $(HEADERS)
+dev/cuda/%: dev/cuda/%.cu $(HEADERS) dev/lab.cuh
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
 build/test/%: test/%.cu $(HEADERS)
 	@mkdir -p $(dir $@)

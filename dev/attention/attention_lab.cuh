@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "dev/lab.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Shapes and inputs.
@@ -43,18 +44,6 @@ const AttnShape kCheckShapes[] = {
     {1, 1, 1, 64},   {2, 3, 37, 64},  {1, 2, 1000, 64}, {2, 2, 256, 64}, {1, 1, 1, 80},   {2, 2, 129, 80},
     {1, 2, 1000, 80}, {1, 1, 1, 128}, {2, 3, 37, 128},  {1, 2, 1000, 128}, {1, 1, 1, 13}, {2, 3, 37, 13},
     {1, 2, 300, 13}, {2, 2, 100, 32},
-};
-
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    float uniform(float lo, float hi) { return lo + (hi - lo) * float((next() >> 40) * (1.0 / 16777216.0)); }
 };
 
 // qkv (B, T, 3C): q and k uniform in [-2, 2] (scores with a standard deviation of ~1.3, so the
@@ -82,22 +71,6 @@ template <typename T> std::vector<T> convert(const std::vector<float>& x) {
     for (size_t i = 0; i < x.size(); i++) y[i] = from_float<T>(x[i]);
     return y;
 }
-
-template <typename T> struct DeviceBuffer {
-    T* ptr = nullptr;
-    size_t n = 0;
-    DeviceBuffer(size_t n_, const char* what) : n(n_) { ptr = static_cast<T*>(device_malloc(std::max<size_t>(n, 1) * sizeof(T), what)); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void upload(const std::vector<T>& h) { cuda_check(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        cuda_check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-    void poison() { cuda_check(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // all-ones bytes: NaN in fp32 and bf16
-};
 
 // ---------------------------------------------------------------------------------------------
 // Reference (double). Layouts as the kernels: qkv (B, T, 3C), out (B, T, C), lse (B, NH, T),
@@ -213,12 +186,3 @@ inline bool check_lse(const float* got, const std::vector<double>& ref, const At
     return check_close("lse (fp32)", got, ref.data(), ref.size(), 8.0 * (s.T + s.HS) * std::ldexp(1.0, -24), std::ldexp(1.0, -22));
 }
 
-inline int parse_int(const char* s, const char* what, int lo, void (*usage)(FILE*)) {
-    char* end = nullptr;
-    const long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > (1 << 30)) {
-        usage(stderr);
-        fail("%s must be an integer >= %d, got '%s'", what, lo, s);
-    }
-    return (int)v;
-}

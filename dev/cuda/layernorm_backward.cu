@@ -51,6 +51,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "dev/lab.cuh"
 #include "dev/layernorm/layernorm_reference.cuh"
 #include "layernorm.cuh"
 
@@ -324,52 +325,6 @@ const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratc
 }
 
 // ---------------------------------------------------------------------------------------------
-// Inputs: reproducible pseudo-random numbers (splitmix64).
-
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    float uniform(float lo, float hi) { return lo + (hi - lo) * float((next() >> 40) * (1.0 / 16777216.0)); }
-};
-
-// Row r of x: offset_r + scale_r * U(-1, 1), offset in [-2, 2] (0 for every fourth row), scale in [1, 2].
-template <typename T> void fill_rows(std::vector<T>& x, int N, int C, Rng& rng) {
-    for (int n = 0; n < N; n++) {
-        const float offset = n % 4 == 0 ? 0.0f : rng.uniform(-2.0f, 2.0f), scale = rng.uniform(1.0f, 2.0f);
-        for (int c = 0; c < C; c++) x[size_t(n) * C + c] = from_float<T>(offset + scale * rng.uniform(-1.0f, 1.0f));
-    }
-}
-template <typename T> void fill_uniform(std::vector<T>& x, float lo, float hi, Rng& rng) {
-    for (auto& v : x) v = from_float<T>(rng.uniform(lo, hi));
-}
-
-// Device buffer of n elements of T, `shift` elements past a 256-byte aligned allocation (shift = 1
-// makes the 16-byte vector paths unusable, exercising the general paths).
-template <typename T> struct DeviceBuffer {
-    void* base = nullptr;
-    T* ptr = nullptr;
-    size_t n = 0;
-    DeviceBuffer(size_t n_, int shift, const char* what) : n(n_) {
-        base = device_malloc((n + 1) * sizeof(T), what);
-        ptr = static_cast<T*>(base) + shift;
-    }
-    ~DeviceBuffer() { cudaFree(base); }
-    void upload(const std::vector<T>& h) { cuda_check(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        cuda_check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-    void poison() { cuda_check(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // all-ones bytes: NaN in fp32 and bf16
-};
-
-// ---------------------------------------------------------------------------------------------
 // Tolerances.
 //
 // dx (fp32): dx = dx0 + s * (g - mean(g) - n * mean(g n)); the two row sums are fp32 reductions over
@@ -440,10 +395,10 @@ template <typename T> bool check_one(int version, int N, int C, int shift, uint6
             abs_db[c] += std::fabs(d);
         }
 
-    DeviceBuffer<T> d_x(NC, shift, "x"), d_dy(NC, shift, "dy"), d_dx(NC, shift, "dx"), d_w(C, shift, "weight");
-    DeviceBuffer<T> d_dw(C, shift, "dweight"), d_db(C, shift, "dbias");
-    DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
-    DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), 0, "scratch");
+    DeviceBuffer<T> d_x(NC, "x", shift), d_dy(NC, "dy", shift), d_dx(NC, "dx", shift), d_w(C, "weight", shift);
+    DeviceBuffer<T> d_dw(C, "dweight", shift), d_db(C, "dbias", shift);
+    DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
+    DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), "scratch");
     d_x.upload(x), d_dy.upload(dy), d_w.upload(w);
     cuda_check(cudaMemcpy(d_mean.ptr, mean.data(), N * sizeof(float), cudaMemcpyHostToDevice));
     cuda_check(cudaMemcpy(d_rstd.ptr, rstd.data(), N * sizeof(float), cudaMemcpyHostToDevice));
@@ -498,10 +453,10 @@ template <typename T> void benchmark(const std::vector<int>& versions, int N, co
         std::vector<T> h(NC), w(C);
         fill_rows(h, N, C, rng);
         fill_uniform(w, 0.5f, 1.5f, rng);
-        DeviceBuffer<T> d_x(NC, 0, "x"), d_dy(NC, 0, "dy"), d_dx(NC, 0, "dx"), d_w(C, 0, "weight"), d_dw(C, 0, "dweight"),
-            d_db(C, 0, "dbias"), d_out(NC, 0, "forward out");
-        DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
-        DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), 0, "scratch");
+        DeviceBuffer<T> d_x(NC, "x"), d_dy(NC, "dy"), d_dx(NC, "dx"), d_w(C, "weight"), d_dw(C, "dweight"),
+            d_db(C, "dbias"), d_out(NC, "forward out");
+        DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
+        DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), "scratch");
         d_x.upload(h), d_dy.upload(h), d_w.upload(w);
         cuda_check(cudaMemset(d_dx.ptr, 0, NC * sizeof(T)));
         cuda_check(cudaMemset(d_dw.ptr, 0, C * sizeof(T)));
@@ -535,16 +490,6 @@ void usage(FILE* f) {
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
             "  -h            this message\n",
             kNumVersions);
-}
-
-int parse_int(const char* s, const char* what, int lo) {
-    char* end = nullptr;
-    const long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > (1 << 30)) {
-        usage(stderr);
-        fail("%s must be an integer >= %d, got '%s'", what, lo, s);
-    }
-    return (int)v;
 }
 
 template <typename T> void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
@@ -585,9 +530,9 @@ int main(int argc, char** argv) {
         } else if (a == "--check") {
             check = true;
         } else if (a == "-N") {
-            N = parse_int(value("-N"), "-N", 1);
+            N = parse_int(value("-N"), "-N", 1, usage);
         } else if (a == "-C") {
-            Cs = {parse_int(value("-C"), "-C", 1)};
+            Cs = {parse_int(value("-C"), "-C", 1, usage)};
         } else if (a == "--dtype") {
             const std::string d = value("--dtype");
             if (d != "fp32" && d != "bf16") {
@@ -596,7 +541,7 @@ int main(int argc, char** argv) {
             }
             fp32 = d == "fp32", bf16 = d == "bf16";
         } else if (!a.empty() && a[0] != '-') {
-            versions.push_back(parse_int(a.c_str(), "version", 1));
+            versions.push_back(parse_int(a.c_str(), "version", 1, usage));
         } else {
             usage(stderr);
             fail("unknown flag '%s'", a.c_str());

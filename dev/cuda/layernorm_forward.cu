@@ -44,6 +44,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "dev/lab.cuh"
 #include "dev/layernorm/layernorm_reference.cuh"
 #include "layernorm.cuh"
 
@@ -261,53 +262,6 @@ const char* run_residual_version(int version, T* residual, T* out, float* mean, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Inputs: reproducible pseudo-random numbers (splitmix64), rows with a non-zero mean.
-
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    float uniform(float lo, float hi) { return lo + (hi - lo) * float((next() >> 40) * (1.0 / 16777216.0)); }
-};
-
-// Row r: offset_r + scale_r * U(-1, 1), offset in [-2, 2] (0 for every fourth row), scale in [1, 2],
-// so |mean| / std <= 2 / (1 / sqrt(3)) ~ 3.5.
-template <typename T> void fill_rows(std::vector<T>& x, int N, int C, Rng& rng) {
-    for (int n = 0; n < N; n++) {
-        const float offset = n % 4 == 0 ? 0.0f : rng.uniform(-2.0f, 2.0f), scale = rng.uniform(1.0f, 2.0f);
-        for (int c = 0; c < C; c++) x[size_t(n) * C + c] = from_float<T>(offset + scale * rng.uniform(-1.0f, 1.0f));
-    }
-}
-template <typename T> void fill_uniform(std::vector<T>& x, float lo, float hi, Rng& rng) {
-    for (auto& v : x) v = from_float<T>(rng.uniform(lo, hi));
-}
-
-// Device buffer of n elements of T, offset by `shift` elements from a 256-byte aligned allocation
-// (shift = 1 makes every 16-byte vector path unusable, exercising the general paths).
-template <typename T> struct DeviceBuffer {
-    void* base = nullptr;
-    T* ptr = nullptr;
-    size_t n = 0;
-    DeviceBuffer(size_t n_, int shift, const char* what) : n(n_) {
-        base = device_malloc((n + 1) * sizeof(T), what);
-        ptr = static_cast<T*>(base) + shift;
-    }
-    ~DeviceBuffer() { cudaFree(base); }
-    void upload(const std::vector<T>& h) { cuda_check(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        cuda_check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-    void poison() { cuda_check(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // all-ones bytes: NaN in fp32 and bf16
-};
-
-// ---------------------------------------------------------------------------------------------
 // Tolerances.
 //
 // fp32 outputs: the kernel sums C values in fp32: each thread sequentially over L = C / (threads per
@@ -366,9 +320,9 @@ template <typename T> bool check_one(int version, bool residual, int N, int C, i
     std::vector<double> ref_out(NC), ref_mean(N), ref_rstd(N);
     layernorm_forward_reference(ref_out.data(), ref_mean.data(), ref_rstd.data(), x.data(), w.data(), bias.data(), N, C);
 
-    DeviceBuffer<T> d_a(NC, shift, "a"), d_b(NC, shift, "b"), d_w(C, shift, "weight"), d_bias(C, shift, "bias");
-    DeviceBuffer<T> d_out(NC, shift, "out"), d_res(NC, shift, "residual");
-    DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
+    DeviceBuffer<T> d_a(NC, "a", shift), d_b(NC, "b", shift), d_w(C, "weight", shift), d_bias(C, "bias", shift);
+    DeviceBuffer<T> d_out(NC, "out", shift), d_res(NC, "residual", shift);
+    DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
     d_a.upload(a), d_w.upload(w), d_bias.upload(bias);
     if (residual) d_b.upload(b);
     d_out.poison(), d_res.poison(), d_mean.poison(), d_rstd.poison();
@@ -414,9 +368,9 @@ template <typename T> void benchmark(const std::vector<int>& versions, bool resi
         fill_rows(h, N, C, rng);
         fill_uniform(w, 0.5f, 1.5f, rng);
         fill_uniform(bias, -0.5f, 0.5f, rng);
-        DeviceBuffer<T> d_a(NC, 0, "a"), d_out(NC, 0, "out"), d_w(C, 0, "weight"), d_bias(C, 0, "bias");
-        DeviceBuffer<T> d_b(residual ? NC : 1, 0, "b"), d_res(residual ? NC : 1, 0, "residual");
-        DeviceBuffer<float> d_mean(N, 0, "mean"), d_rstd(N, 0, "rstd");
+        DeviceBuffer<T> d_a(NC, "a"), d_out(NC, "out"), d_w(C, "weight"), d_bias(C, "bias");
+        DeviceBuffer<T> d_b(residual ? NC : 1, "b"), d_res(residual ? NC : 1, "residual");
+        DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
         d_a.upload(h), d_w.upload(w), d_bias.upload(bias);
         if (residual) d_b.upload(h);
         const double bytes = (residual ? 4.0 : 2.0) * NC * sizeof(T) + 8.0 * N + 2.0 * C * sizeof(T);
@@ -450,16 +404,6 @@ void usage(FILE* f) {
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
             "  -h            this message\n",
             kNumVersions, kNumResidualVersions);
-}
-
-int parse_int(const char* s, const char* what, int lo) {
-    char* end = nullptr;
-    const long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > (1 << 30)) {
-        usage(stderr);
-        fail("%s must be an integer >= %d, got '%s'", what, lo, s);
-    }
-    return (int)v;
 }
 
 template <typename T> void check_all(TestCounter& tests, bool gpu, bool residual, const std::vector<int>& versions) {
@@ -502,9 +446,9 @@ int main(int argc, char** argv) {
         } else if (a == "--residual") {
             residual = true;
         } else if (a == "-N") {
-            N = parse_int(value("-N"), "-N", 1);
+            N = parse_int(value("-N"), "-N", 1, usage);
         } else if (a == "-C") {
-            Cs = {parse_int(value("-C"), "-C", 1)};
+            Cs = {parse_int(value("-C"), "-C", 1, usage)};
         } else if (a == "--dtype") {
             const std::string d = value("--dtype");
             if (d != "fp32" && d != "bf16") {
@@ -513,7 +457,7 @@ int main(int argc, char** argv) {
             }
             fp32 = d == "fp32", bf16 = d == "bf16";
         } else if (!a.empty() && a[0] != '-') {
-            versions.push_back(parse_int(a.c_str(), "version", 1));
+            versions.push_back(parse_int(a.c_str(), "version", 1, usage));
         } else {
             usage(stderr);
             fail("unknown flag '%s'", a.c_str());
