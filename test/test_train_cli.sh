@@ -127,22 +127,42 @@ expect_valid() {
     report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
 }
 
+# warnings_then_error NWARN: why the last run did not exit 1 with NWARN `warning:` lines and one
+# final line on stderr (nothing when it did)
+warnings_then_error() {
+    local w
+    w=$(grep -c '^warning: ' "$tmp/stderr")
+    if [[ $rc -ne 1 ]]; then echo "exit code $rc, expected 1"
+    elif [[ $w -ne $1 || $nerr -ne $(($1 + 1)) ]]; then echo "$w warnings in $nerr stderr lines, expected $1 warnings + 1 error"
+    fi
+}
+
 # expect_warn_valid NAME NWARN STDOUT_NEEDLE ARGS...: NWARN `warning:` lines, then the no-GPU error;
 # stdout has STDOUT_NEEDLE
 expect_warn_valid() {
     local name=$1 nwarn=$2 out_needle=$3
     shift 3
     run "$@"
-    local why="" w
-    w=$(grep -c '^warning: ' "$tmp/stderr")
-    if [[ $rc -ne 1 ]]; then why="exit code $rc, expected 1"
-    elif [[ $w -ne $nwarn || $nerr -ne $((nwarn + 1)) ]]; then why="$w warnings in $nerr stderr lines, expected $nwarn warnings + 1 error"
+    local why
+    why=$(warnings_then_error "$nwarn")
+    if [[ -n $why ]]; then :
     elif [[ $(tail -n 1 "$tmp/stderr") != "$NO_CUDA"* ]]; then why="last stderr line is not '$NO_CUDA ...'"
     elif ! grep -qF -- "$out_needle" "$tmp/stdout"; then why="stdout lacks '$out_needle'"
     fi
     report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
     [[ -n $why ]] && sed 's/^/      stdout: /' "$tmp/stdout" | head -n 3
     return 0
+}
+
+# expect_error_after_warnings NAME NWARN NEEDLE ARGS...: NWARN `warning:` lines, then an error naming NEEDLE
+expect_error_after_warnings() {
+    local name=$1 nwarn=$2 needle=$3
+    shift 3
+    run "$@"
+    local why
+    why=$(warnings_then_error "$nwarn")
+    if [[ -z $why && $(tail -n 1 "$tmp/stderr") != error:*"$needle"* ]]; then why="the last stderr line is not an error naming '$needle'"; fi
+    report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
 }
 
 # expect_stderr_has PATTERN: the last run's stderr has a line matching PATTERN (grep -E)
@@ -301,18 +321,6 @@ for prec in fp32 bf16; do
     expect_stderr_has "  ... the warning names -r 0 and -r 1" "^warning: .*-ge $ge -r 0, this run has -ge $ge -r 1"
     # Another run setup than the checkpoint's: an error (after the 3 warnings), never a fresh start
     # that would overwrite the run's checkpoints.
-    expect_error_after_warnings() {
-        local name=$1 nwarn=$2 needle=$3
-        shift 3
-        run "$@"
-        local why="" w
-        w=$(grep -c '^warning: ' "$tmp/stderr")
-        if [[ $rc -ne 1 ]]; then why="exit code $rc, expected 1"
-        elif [[ $w -ne $nwarn || $nerr -ne $((nwarn + 1)) ]]; then why="$w warnings in $nerr stderr lines, expected $nwarn + 1 error"
-        elif [[ $(tail -n 1 "$tmp/stderr") != error:*"$needle"* ]]; then why="the last stderr line is not an error naming '$needle'"
-        fi
-        report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
-    }
     expect_error_after_warnings "-y 1 -b 1 (checkpoint written at -b 2): error" 3 "-b 2 -t 16 -sd 1337 -sh 1" "${rbase[@]}" -o "$d" -y 1 -b 1
     expect_error_after_warnings "-y 1 -t 8 (checkpoint written at -t 16): error" 3 "same flags" "${rbase[@]}" -o "$d" -y 1 -t 8
     expect_error_after_warnings "-y 1 -sd 7 (checkpoint written at -sd 1337): error" 3 "-sd 7" "${rbase[@]}" -o "$d" -y 1 -sd 7
