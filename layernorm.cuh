@@ -516,33 +516,34 @@ void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1
 // its 16 columns take twice the registers, which a second row would spill).
 template <typename T> constexpr bool kBackwardPrefetch = sizeof(T) == 2;
 
-// Grid of the backward vector kernel: every block resident at once (persistent), so the partial
-// count P is small and the finalize cheap.
-template <typename T, int WPR, bool PREFETCH> inline size_t backward_vec_smem(int C) {
-    constexpr int ROWS = backward_block_threads<WPR>() / (32 * WPR);
+// Launch shape of the backward vector kernel: every block resident at once (persistent grid), so the
+// partial count (the grid) is small and the finalize cheap. Shared memory holds the block's dweight/dbias
+// partials when it has several rows, plus the staging of the rows in flight; above the default 48 KiB a
+// kernel must opt in, which this does.
+struct BackwardShape {
+    int grid;
+    size_t smem;
+};
+
+template <typename T, int WPR, bool PREFETCH> inline BackwardShape backward_vec_shape(int N, int C) {
+    constexpr int BLOCK = backward_block_threads<WPR>(), ROWS = BLOCK / (32 * WPR);
     const size_t smem = (ROWS > 1 ? size_t(2) * C * sizeof(float) : 0) + backward_stage_bytes<T, WPR, PREFETCH>();
-    if (smem > 48 * 1024)  // above the default limit a kernel must opt in
+    if (smem > 48 * 1024)
         cuda_check(cudaFuncSetAttribute(layernorm_backward_vec_kernel<T, WPR, PREFETCH>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    return smem;
-}
-
-template <typename T, int WPR, bool PREFETCH> inline int backward_vec_grid(int N, int C) {
-    constexpr int BLOCK = backward_block_threads<WPR>(), ROWS = BLOCK / (32 * WPR);
-    const size_t smem = backward_vec_smem<T, WPR, PREFETCH>(C);
     int per_sm = 0;
     cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layernorm_backward_vec_kernel<T, WPR, PREFETCH>, BLOCK, smem));
     const int groups = (N + ROWS - 1) / ROWS;
-    return std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count()));
+    return {std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count())), smem};
 }
 
-template <typename T, bool PREFETCH> inline int backward_vec_grid_any(int N, int C, int wpr) {
+template <typename T, bool PREFETCH> inline BackwardShape backward_vec_shape_any(int N, int C, int wpr) {
     switch (wpr) {
-        case 1: return backward_vec_grid<T, 1, PREFETCH>(N, C);
-        case 2: return backward_vec_grid<T, 2, PREFETCH>(N, C);
-        case 4: return backward_vec_grid<T, 4, PREFETCH>(N, C);
-        case 8: return backward_vec_grid<T, 8, PREFETCH>(N, C);
-        case 16: return backward_vec_grid<T, 16, PREFETCH>(N, C);
+        case 1: return backward_vec_shape<T, 1, PREFETCH>(N, C);
+        case 2: return backward_vec_shape<T, 2, PREFETCH>(N, C);
+        case 4: return backward_vec_shape<T, 4, PREFETCH>(N, C);
+        case 8: return backward_vec_shape<T, 8, PREFETCH>(N, C);
+        case 16: return backward_vec_shape<T, 16, PREFETCH>(N, C);
     }
     fail("layernorm_backward: bad warps per row %d", wpr);
 }
@@ -565,12 +566,12 @@ void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout
     const int wpr = backward_warps_per_row<T>(C);
     int P = 0;
     if (wpr && vector_ok<T>(C, {dinp, dout, inp, weight})) {
-        P = backward_vec_grid_any<T, PREFETCH>(N, C, wpr);
-#define LN_BWD(W)                                                                                             \
-    case W:                                                                                                   \
-        layernorm_backward_vec_kernel<T, W, PREFETCH><<<P, backward_block_threads<W>(),                       \
-                                                        backward_vec_smem<T, W, PREFETCH>(C), stream>>>(      \
-            dinp, partials, dout, inp, weight, mean, rstd, N, C);                                             \
+        const BackwardShape shape = backward_vec_shape_any<T, PREFETCH>(N, C, wpr);
+        P = shape.grid;
+#define LN_BWD(W)                                                                                                 \
+    case W:                                                                                                       \
+        layernorm_backward_vec_kernel<T, W, PREFETCH><<<P, backward_block_threads<W>(), shape.smem, stream>>>(    \
+            dinp, partials, dout, inp, weight, mean, rstd, N, C);                                                 \
         break;
         switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }
 #undef LN_BWD
@@ -609,9 +610,9 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     int partials = backward_general_grid(N, C);
     for (int wpr : {backward_warps_per_row<float>(C), backward_warps_per_row<__nv_bfloat16>(C)})
         if (wpr)  // the header's kernels, and the lab's version without the prefetch
-            partials = std::max({partials, backward_vec_grid_any<float, false>(N, C, wpr),
-                                 backward_vec_grid_any<__nv_bfloat16, false>(N, C, wpr),
-                                 backward_vec_grid_any<__nv_bfloat16, kBackwardPrefetch<__nv_bfloat16>>(N, C, wpr)});
+            partials = std::max({partials, backward_vec_shape_any<float, false>(N, C, wpr).grid,
+                                 backward_vec_shape_any<__nv_bfloat16, false>(N, C, wpr).grid,
+                                 backward_vec_shape_any<__nv_bfloat16, kBackwardPrefetch<__nv_bfloat16>>(N, C, wpr).grid});
     return size_t(partials) * 2 * C * sizeof(float);
 }
 

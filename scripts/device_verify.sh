@@ -15,6 +15,8 @@ export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
 log=$OUT/verify
 mkdir -p "$log"
+# The device returns few files: everything in one archive too, also when a time limit cuts the run short.
+trap 'tar -czf "$OUT/verify_logs.tgz" -C "$OUT" verify' EXIT
 export GPT_MIRROR=${GPT_MIRROR:-.carry/mirror}
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -60,5 +62,3 @@ else
         echo "-r $r B=64: $(grep -E '^step +[0-9]+/' "$log/b64_r$r.log" | awk '{printf "%s ", $5}')"
     done
 fi
-# The device returns few files: everything in one archive too.
-tar -czf "$OUT/verify_logs.tgz" -C "$OUT" verify
