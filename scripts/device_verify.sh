@@ -9,6 +9,9 @@
 #   PART=2  test/test_resume.sh and test/test_train_cli.sh; `make train`; a longer run's validation
 #           curve (-x $CURVE_STEPS); PyTorch's side of the training benchmark; the LayerNorm
 #           side-by-side with PyTorch.
+#   PART=3  every lab --check; the LayerNorm lab (header versions) and its side-by-side with PyTorch;
+#           the attention backward profile (scripts/device_profile_attention.sh); 200 steps of bf16
+#           and of fp32 from the same seed, validation loss every 50 (bf16 should track fp32).
 set -u
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -31,17 +34,18 @@ step() {  # step NAME COMMAND...: run, log to $log/NAME.log, print the count lin
     echo "--- $name: exit $rc, $((SECONDS - t)) s"
     grep -E "passed, [0-9]+ failed|FAIL|!!!|error" "$log/$name.log" | grep -v " ok " | tail -n 8
 }
+lab_check() { step lab_check bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | tr " " "\n" | grep dev/cuda/); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'; }
+prepare() { "$PY" data/prepare_tinyshakespeare.py > "$log/data.log" 2>&1 || tail -n 5 "$log/data.log"; }
 if [[ ${PART:-1} == 1 ]]; then
-    step lab_check bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | grep dev/cuda/); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    lab_check
     step test_gpt bash test/test_gpt.sh
     OUT="$log" TORCH=0 FWD_VERSIONS=5 BWD_VERSIONS="7 8" SANITIZE=1 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
     echo "--- layernorm lab: exit $?"
     grep -E "^  [0-9]+ +(fp32|bf16) +[0-9]+ " "$log/layernorm.log" | tail -n 30
     grep -E "ERROR SUMMARY|!!!" "$log/layernorm.log"
-    prepare() { "$PY" data/prepare_tinyshakespeare.py > "$log/data.log" 2>&1; }
-    prepare || tail -n 5 "$log/data.log"
+    prepare
     OUT="$log" BATCHES="16 32 64" STEPS=20 TORCH=0 PROFILE_BATCHES=16 timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 90
-else
+elif [[ $PART == 2 ]]; then
     step test_resume bash test/test_resume.sh
     step test_train_cli bash test/test_train_cli.sh
     started=$SECONDS
@@ -61,4 +65,18 @@ else
         ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 -r $r > "$log/b64_r$r.log" 2>&1
         echo "-r $r B=64: $(grep -E '^step +[0-9]+/' "$log/b64_r$r.log" | awk '{printf "%s ", $5}')"
     done
+else
+    lab_check
+    OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
+    echo "--- layernorm lab and side-by-side: exit $?"
+    grep -E "^  [0-9]+ +(fp32|bf16) +[0-9]+ |!!!" "$log/layernorm.log"
+    sed -n '/^forward$/,$p' "$log/layernorm.log"
+    prepare
+    for p in bf16 fp32; do  # same seed: bf16 should track fp32's validation loss
+        timeout 120 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
+        echo "$p 200 steps (rc $?): $(grep -E "val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
+    done
+    OUT="$log" timeout 240 bash scripts/device_profile_attention.sh > "$log/profile.log" 2>&1
+    echo "--- attention backward profile: exit $?"
+    grep -E "^  [a-z_]+kernel|flash_bwd|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|!!!" "$log/profile.log" | head -n 40
 fi

@@ -25,8 +25,9 @@
 //   5  the header's layernorm_forward: row groups of 32 * WPR threads sized by C (a warp per row up to
 //      1024 columns, so small rows need no barrier at all), several rows per 256-thread block, up to
 //      32 columns per thread all loaded before the first use (many loads in flight), streaming
-//      cache hints (x and y are touched once), named barriers so row groups never wait for each
-//      other; a scalar general path for any C and alignment (one block per row).
+//      loads of x (read once; y is stored plainly, since the next matmul reads it and may find it in
+//      L2), named barriers so row groups never wait for each other; a scalar general path for any C
+//      and alignment (one block per row).
 //
 // Fused residual (--residual): residual = a + b (rounded to T and stored), out = LayerNorm(residual).
 //   1  unfused: an elementwise add kernel, then the header's layernorm_forward (reads the residual
