@@ -54,6 +54,11 @@ namespace cg = cooperative_groups;
 constexpr float kEps = 1e-5f;
 constexpr int kNumVersions = 5, kNumResidualVersions = 2;
 
+// Tuning knobs of the benchmark (flags --wpr and --out-offset), for experiments on the header's kernel:
+// warps per row of version 5 (0: the header's choice), and where `out` starts in its allocation.
+int g_wpr = 0;
+int g_out_offset_kib = 0;
+
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per row.
 
@@ -232,7 +237,11 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
             cuda_check_launch();
             return "v4 n/a here, ran v3";
         case 5:
-            layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+            layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+            if (g_wpr && g_wpr < layernorm_detail::forward_warps_per_row<T>(C)) {
+                cuda_check_launch();
+                return "--wpr below the rows' need: the header's choice ran";
+            }
             break;
         default:
             fail("forward version %d does not exist (1..%d)", version, kNumVersions);
@@ -369,7 +378,8 @@ template <typename T> void benchmark(const std::vector<int>& versions, bool resi
         fill_rows(h, N, C, rng);
         fill_uniform(w, 0.5f, 1.5f, rng);
         fill_uniform(bias, -0.5f, 0.5f, rng);
-        DeviceBuffer<T> d_a(NC, "a"), d_out(NC, "out"), d_w(C, "weight"), d_bias(C, "bias");
+        const int out_shift = int(size_t(g_out_offset_kib) * 1024 / sizeof(T));
+        DeviceBuffer<T> d_a(NC, "a"), d_out(NC, "out", out_shift), d_w(C, "weight"), d_bias(C, "bias");
         DeviceBuffer<T> d_b(residual ? NC : 1, "b"), d_res(residual ? NC : 1, "residual");
         DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
         d_a.upload(h), d_w.upload(w), d_bias.upload(bias);
@@ -403,6 +413,8 @@ void usage(FILE* f) {
             "  -N rows       benchmark rows (default 65536)\n"
             "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
+            "  --wpr W       version 5 with W warps per row (1, 2, 4, 8, 16; at least what the row needs)\n"
+            "  --out-offset K  benchmark: out starts K KiB into its allocation (address placement experiments)\n"
             "  -h            this message\n",
             kNumVersions, kNumResidualVersions);
 }
@@ -450,6 +462,13 @@ int main(int argc, char** argv) {
             N = parse_int(value("-N"), "-N", 1, usage);
         } else if (a == "-C") {
             Cs = {parse_int(value("-C"), "-C", 1, usage)};
+        } else if (a == "--wpr") {
+            g_wpr = parse_int(value("--wpr"), "--wpr", 1, usage);
+            if (g_wpr & (g_wpr - 1) || g_wpr > layernorm_detail::kForwardMaxWarpsPerRow)
+                fail("--wpr must be 1, 2, 4, 8 or 16, got %d", g_wpr);
+        } else if (a == "--out-offset") {
+            g_out_offset_kib = parse_int(value("--out-offset"), "--out-offset", 0, usage);
+            if (g_out_offset_kib > (1 << 20)) fail("--out-offset is at most 1048576 KiB (1 GiB), got %d", g_out_offset_kib);
         } else if (a == "--dtype") {
             const std::string d = value("--dtype");
             if (d != "fp32" && d != "bf16") {
