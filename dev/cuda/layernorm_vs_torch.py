@@ -21,7 +21,7 @@ GB/s = each side's minimal bytes / time:
   backward      read x, dy + write dx = 3*N*C*s + 8*N
   backward +=   and ours: also reads dx = 4*N*C*s + 8*N
 
-usage: python dev/cuda/layernorm_vs_torch.py [-N rows] [-C c1,c2,...] [--dtype fp32|bf16] [--no-compile]
+usage: python dev/cuda/layernorm_vs_torch.py [-N rows] [-C c1,c2,...] [--dtype fp32|bf16] [--no-compile] [--forward-only]
 """
 import argparse
 import ctypes
@@ -88,6 +88,7 @@ def main():
     ap.add_argument("-C", default="768,1024,1600,2048,4096")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: both")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--forward-only", action="store_true", help="time the forward only")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("layernorm_vs_torch: skipped (no CUDA device)")
@@ -171,11 +172,14 @@ def main():
             all_ok &= ok
             # the compiled versions once more for agreement (the += one adds into a random dx0), then timings
             y_c = fwd_c(x, w, b)
-            dx_c = bwd_c(dy, x, mean_t, rstd_t, w, b)[0]
-            all_ok &= agree("compiled out", y_c, y_t, r, r) & agree("compiled dx", dx_c, dx_t, r, r)
+            all_ok &= agree("compiled out", y_c, y_t, r, r)
             dx0, dw0, db0 = torch.randn_like(x), torch.randn_like(w), torch.randn_like(b)
-            dx_acc = bwd_acc_c(dx0, dw0, db0, dy, x, mean_t, rstd_t, w, b)[0]
-            all_ok &= agree("compiled dx +=", dx_acc, (dx0.float() + dx_t.float()).to(dt), 2 * r, 2 * r)
+            if not args.forward_only:
+                dx_c = bwd_c(dy, x, mean_t, rstd_t, w, b)[0]
+                all_ok &= agree("compiled dx", dx_c, dx_t, r, r)
+                dx_acc = bwd_acc_c(dx0, dw0, db0, dy, x, mean_t, rstd_t, w, b)[0]
+                all_ok &= agree("compiled dx +=", dx_acc, (dx0.float() + dx_t.float()).to(dt), 2 * r, 2 * r)
+                del dx_c, dx_acc
 
             def bwd_acc_eager():
                 dx_e, dw_e, db_e = aten_bwd(dy, x, [C], mean_t, rstd_t, w, b, [True, True, True])
@@ -184,16 +188,23 @@ def main():
             t = time_all_ms({
                 "fwd eager": lambda: torch.ops.aten.native_layer_norm(x, [C], w, b, EPS),
                 "fwd compile": lambda: fwd_c(x, w, b),
-                "fwd ours": fwd_ours})
-            t.update(time_all_ms({
-                "bwd eager": lambda: aten_bwd(dy, x, [C], mean_t, rstd_t, w, b, [True, True, True]),
-                "bwd compile": lambda: bwd_c(dy, x, mean_t, rstd_t, w, b),
-                "bwd+= eager": bwd_acc_eager,
-                "bwd+= compile": lambda: bwd_acc_c(dx0, dw0, db0, dy, x, mean_t, rstd_t, w, b),
-                "bwd ours": bwd_ours}))
+                # y from the caching allocator on every call, as torch.compile's output is: where the
+                # output lies relative to x moves the bandwidth by up to 7% (the lab's --out-offset), so
+                # both sides get the same placement policy.
+                "fwd ours": lambda: fwd_ours_fn(torch.empty_like(x).data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+                                                x.data_ptr(), w.data_ptr(), b.data_ptr(), N, C, stream)})
+            if args.forward_only:
+                t.update({k: float("nan") for k in ("bwd eager", "bwd compile", "bwd+= eager", "bwd+= compile", "bwd ours")})
+            else:
+                t.update(time_all_ms({
+                    "bwd eager": lambda: aten_bwd(dy, x, [C], mean_t, rstd_t, w, b, [True, True, True]),
+                    "bwd compile": lambda: bwd_c(dy, x, mean_t, rstd_t, w, b),
+                    "bwd+= eager": bwd_acc_eager,
+                    "bwd+= compile": lambda: bwd_acc_c(dx0, dw0, db0, dy, x, mean_t, rstd_t, w, b),
+                    "bwd ours": bwd_ours}))
             fb = 2 * N * C * s + 8 * N
             rows.append((dname, C, t, fb, 3 * N * C * s + 8 * N, 4 * N * C * s + 8 * N))
-            del x, dy, y, dx, y_t, dx_t, scratch, y_c, dx_c, dx0, dx_acc
+            del x, dy, y, dx, y_t, dx_t, scratch, y_c, dx0
             torch.cuda.empty_cache()
 
     print(f"\nN = {N}; time in us, GB/s (each side's minimal bytes, see the top of this file), % of copy {copy_gbs:.0f} GB/s")
