@@ -13,6 +13,8 @@
 #           the attention backward profile (scripts/device_profile_attention.sh); 200 steps of bf16
 #           and of fp32 from the same seed, validation loss every 50 (bf16 should track fp32).
 set -u
+PART=${PART:-1}
+[[ $PART == [123] ]] || { echo "error: PART must be 1, 2 or 3, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -36,7 +38,7 @@ step() {  # step NAME COMMAND...: run, log to $log/NAME.log, print the count lin
 }
 lab_check() { step lab_check bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | tr " " "\n" | grep dev/cuda/); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'; }
 prepare() { "$PY" data/prepare_tinyshakespeare.py > "$log/data.log" 2>&1 || tail -n 5 "$log/data.log"; }
-if [[ ${PART:-1} == 1 ]]; then
+if [[ $PART == 1 ]]; then
     lab_check
     step test_gpt bash test/test_gpt.sh
     OUT="$log" TORCH=0 FWD_VERSIONS=5 BWD_VERSIONS="7 8" SANITIZE=1 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
@@ -65,7 +67,7 @@ elif [[ $PART == 2 ]]; then
         ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 -r $r > "$log/b64_r$r.log" 2>&1
         echo "-r $r B=64: $(grep -E '^step +[0-9]+/' "$log/b64_r$r.log" | awk '{printf "%s ", $5}')"
     done
-else
+elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
     echo "--- layernorm lab and side-by-side: exit $?"
@@ -74,7 +76,7 @@ else
     prepare
     for p in bf16 fp32; do  # same seed: bf16 should track fp32's validation loss
         timeout 120 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
-        echo "$p 200 steps (rc $?): $(grep -E "val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
+        echo "$p 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
     done
     OUT="$log" timeout 240 bash scripts/device_profile_attention.sh > "$log/profile.log" 2>&1
     echo "--- attention backward profile: exit $?"
