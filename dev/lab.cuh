@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "common.cuh"
@@ -58,6 +59,24 @@ template <typename T> struct DeviceBuffer {
     }
     void poison() { cuda_check(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // all-ones bytes: NaN in fp32 and bf16
 };
+
+// The value that follows flag argv[i] (i moves onto it), else the usage and an error.
+inline const char* flag_value(int argc, char** argv, int& i, void (*usage)(FILE*)) {
+    if (i + 1 >= argc) {
+        usage(stderr);
+        fail("%s needs a value", argv[i]);
+    }
+    return argv[++i];
+}
+
+// --dtype's value: true for bf16, false for fp32, else the usage and an error.
+inline bool parse_dtype_is_bf16(const std::string& d, void (*usage)(FILE*)) {
+    if (d != "fp32" && d != "bf16") {
+        usage(stderr);
+        fail("--dtype must be fp32 or bf16, got '%s'", d.c_str());
+    }
+    return d == "bf16";
+}
 
 // A flag's integer value: all of `s` a decimal number in [lo, 2^30], else the usage and an error.
 inline int parse_int(const char* s, const char* what, int lo, void (*usage)(FILE*)) {

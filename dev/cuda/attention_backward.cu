@@ -323,13 +323,7 @@ int main(int argc, char** argv) {
     AttnShape bench{64, 12, 1024, 64};
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        auto value = [&](const char* flag) {
-            if (i + 1 >= argc) {
-                usage(stderr);
-                fail("%s needs a value", flag);
-            }
-            return argv[++i];
-        };
+        auto value = [&] { return flag_value(argc, argv, i, usage); };
         if (a == "-h" || a == "--help") {
             usage(stdout);
             return 0;
@@ -338,21 +332,16 @@ int main(int argc, char** argv) {
         } else if (a == "--no-validate") {
             validate = false;
         } else if (a == "-b") {
-            bench.B = parse_int(value("-b"), "-b", 1, usage);
+            bench.B = parse_int(value(), "-b", 1, usage);
         } else if (a == "-n") {
-            bench.NH = parse_int(value("-n"), "-n", 1, usage);
+            bench.NH = parse_int(value(), "-n", 1, usage);
         } else if (a == "-t") {
-            bench.T = parse_int(value("-t"), "-t", 1, usage);
+            bench.T = parse_int(value(), "-t", 1, usage);
         } else if (a == "-s") {
-            bench.HS = parse_int(value("-s"), "-s", 1, usage);
+            bench.HS = parse_int(value(), "-s", 1, usage);
             if (bench.HS > flash_detail::kPlainMaxHS) fail("-s must be <= %d", flash_detail::kPlainMaxHS);
         } else if (a == "--dtype") {
-            const std::string d = value("--dtype");
-            if (d != "fp32" && d != "bf16") {
-                usage(stderr);
-                fail("--dtype must be fp32 or bf16, got '%s'", d.c_str());
-            }
-            bf16 = d == "bf16";
+            bf16 = parse_dtype_is_bf16(value(), usage);
         } else if (!a.empty() && a[0] != '-') {
             const int v = parse_int(a.c_str(), "version", 1, usage);
             if (v > kNumVersions) fail("version %d does not exist (1..%d)", v, kNumVersions);

@@ -517,29 +517,18 @@ int main(int argc, char** argv) {
     std::vector<int> Cs = {768, 1024, 1600, 2048, 4096};
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        auto value = [&](const char* flag) {
-            if (i + 1 >= argc) {
-                usage(stderr);
-                fail("%s needs a value", flag);
-            }
-            return argv[++i];
-        };
+        auto value = [&] { return flag_value(argc, argv, i, usage); };
         if (a == "-h" || a == "--help") {
             usage(stdout);
             return 0;
         } else if (a == "--check") {
             check = true;
         } else if (a == "-N") {
-            N = parse_int(value("-N"), "-N", 1, usage);
+            N = parse_int(value(), "-N", 1, usage);
         } else if (a == "-C") {
-            Cs = {parse_int(value("-C"), "-C", 1, usage)};
+            Cs = {parse_int(value(), "-C", 1, usage)};
         } else if (a == "--dtype") {
-            const std::string d = value("--dtype");
-            if (d != "fp32" && d != "bf16") {
-                usage(stderr);
-                fail("--dtype must be fp32 or bf16, got '%s'", d.c_str());
-            }
-            fp32 = d == "fp32", bf16 = d == "bf16";
+            bf16 = parse_dtype_is_bf16(value(), usage), fp32 = !bf16;
         } else if (!a.empty() && a[0] != '-') {
             versions.push_back(parse_int(a.c_str(), "version", 1, usage));
         } else {

@@ -444,13 +444,7 @@ int main(int argc, char** argv) {
     std::vector<int> Cs = {768, 1024, 1600, 2048, 4096};
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        auto value = [&](const char* flag) {
-            if (i + 1 >= argc) {
-                usage(stderr);
-                fail("%s needs a value", flag);
-            }
-            return argv[++i];
-        };
+        auto value = [&] { return flag_value(argc, argv, i, usage); };
         if (a == "-h" || a == "--help") {
             usage(stdout);
             return 0;
@@ -459,23 +453,18 @@ int main(int argc, char** argv) {
         } else if (a == "--residual") {
             residual = true;
         } else if (a == "-N") {
-            N = parse_int(value("-N"), "-N", 1, usage);
+            N = parse_int(value(), "-N", 1, usage);
         } else if (a == "-C") {
-            Cs = {parse_int(value("-C"), "-C", 1, usage)};
+            Cs = {parse_int(value(), "-C", 1, usage)};
         } else if (a == "--wpr") {
-            g_wpr = parse_int(value("--wpr"), "--wpr", 1, usage);
+            g_wpr = parse_int(value(), "--wpr", 1, usage);
             if (g_wpr & (g_wpr - 1) || g_wpr > layernorm_detail::kForwardMaxWarpsPerRow)
                 fail("--wpr must be 1, 2, 4, 8 or 16, got %d", g_wpr);
         } else if (a == "--out-offset") {
-            g_out_offset_kib = parse_int(value("--out-offset"), "--out-offset", 0, usage);
+            g_out_offset_kib = parse_int(value(), "--out-offset", 0, usage);
             if (g_out_offset_kib > (1 << 20)) fail("--out-offset is at most 1048576 KiB (1 GiB), got %d", g_out_offset_kib);
         } else if (a == "--dtype") {
-            const std::string d = value("--dtype");
-            if (d != "fp32" && d != "bf16") {
-                usage(stderr);
-                fail("--dtype must be fp32 or bf16, got '%s'", d.c_str());
-            }
-            fp32 = d == "fp32", bf16 = d == "bf16";
+            bf16 = parse_dtype_is_bf16(value(), usage), fp32 = !bf16;
         } else if (!a.empty() && a[0] != '-') {
             versions.push_back(parse_int(a.c_str(), "version", 1, usage));
         } else {
