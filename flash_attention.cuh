@@ -317,8 +317,34 @@ bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, in
 // ---------------------------------------------------------------------------------------------
 // Backward, tensor cores.
 
-// D[b, h, t] = sum_d dout * out over the head's HS values. One warp per (b, t, h).
-__global__ void backward_dot_kernel(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, int HS) {
+// D[b, h, t] = sum_d dout * out over the head's HS values. A group of LANES = HS / 8 lanes (rounded up
+// to a power of two) per (b, t, h), each reading one 16-byte vector of dout and of out: the loads
+// are 128-bit and a warp's loads cover whole rows, so this pure read runs near copy speed (one warp per
+// row with 2-byte loads ran at ~30% of DRAM bandwidth, issue-bound).
+template <int HS>
+__global__ void backward_dot_kernel(float* D, const bf16* dout, const bf16* out, int B, int T, int NH) {
+    constexpr int VECS = HS / 8, LANES = VECS <= 8 ? 8 : VECS <= 16 ? 16 : 32, ROWS_PER_WARP = 32 / LANES;
+    static_assert(HS % 8 == 0 && VECS <= 32, "head size");
+    const int lane = threadIdx.x % 32, sub = lane % LANES;
+    const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32 * ROWS_PER_WARP + lane / LANES;
+    const long long rows = (long long)B * T * NH;
+    float sum = 0.0f;
+    if (row < rows && sub < VECS) {
+        const size_t off = size_t(row) * HS + size_t(sub) * 8;  // (b, t, h) rows are HS apart in (B, T, C)
+        const Vec128<bf16> a = Vec128<bf16>::load_stream(dout + off), o = Vec128<bf16>::load_stream(out + off);
+#pragma unroll
+        for (int j = 0; j < 8; j++) sum += __bfloat162float(a[j]) * __bfloat162float(o[j]);
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (row < rows && sub == 0) {
+        const int h = int(row % NH), t = int(row / NH % T), b = int(row / ((long long)NH * T));
+        D[(size_t(b) * NH + h) * T + t] = sum;
+    }
+}
+
+// The same for any head size and alignment (the plain path): one warp per (b, t, h), scalar loads.
+__global__ void backward_dot_plain_kernel(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, int HS) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= B * T * NH) return;
     const int h = row % NH, t = row / NH % T, b = row / (NH * T);
@@ -332,8 +358,8 @@ __global__ void backward_dot_kernel(float* D, const bf16* dout, const bf16* out,
 // dk, dv for BK = WARPS * MT * 16 keys (MT 16-key tiles per warp), streaming the query tiles (q, dO,
 // lse, D) of BQ rows that can see them. MT = 2 halves the shared-memory reads per MMA: every B
 // fragment (from q or dO) feeds both key tiles.
-template <int HS, int WARPS, int MT, int BQ>
-__global__ void __launch_bounds__(WARPS * 32)
+template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T, int NH,
                          float scale) {
     constexpr int BK = WARPS * MT * 16, LD = HS + 8, NT = BQ / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
@@ -510,8 +536,8 @@ __global__ void __launch_bounds__(WARPS * 32)
 
 // dq for BQ = WARPS * MT * 16 queries (MT 16-query tiles per warp), streaming the key tiles (k, v) of
 // BK rows they see.
-template <int HS, int WARPS, int MT, int BK>
-__global__ void __launch_bounds__(WARPS * 32)
+template <int HS, int WARPS, int MT, int BK, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     backward_dq_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T, int NH,
                        float scale) {
     constexpr int BQ = WARPS * MT * 16, LD = HS + 8, NT = BK / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
@@ -647,24 +673,26 @@ __global__ void __launch_bounds__(WARPS * 32)
         }
 }
 
-inline void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, int HS,
-                                cudaStream_t stream) {
-    const long long rows = (long long)B * T * NH;
-    backward_dot_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream>>>(D, dout, out, B, T, NH, HS);
+template <int HS>
+void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, cudaStream_t stream) {
+    constexpr int VECS = HS / 8, LANES = VECS <= 8 ? 8 : VECS <= 16 ? 16 : 32;
+    const long long threads = (long long)B * T * NH * LANES;
+    backward_dot_kernel<HS><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(D, dout, out, B, T, NH);
     cuda_check_launch();
 }
 
 // Key-side kernel: WK warps x MK 16-key tiles, query tiles of BQ; query-side kernel: WQ warps x MQ
-// 16-query tiles, key tiles of BK.
-template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK>
+// 16-query tiles, key tiles of BK. KMIN / QMIN: blocks per SM each kernel's registers must allow
+// (__launch_bounds__; 1 leaves the compiler free).
+template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN, int QMIN>
 void launch_backward(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
                      int NH, cudaStream_t stream) {
-    launch_backward_dot(D, dout, out, B, T, NH, HS, stream);
+    launch_backward_dot<HS>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / sqrtf(float(HS));
     {
         constexpr int BKB = WK * MK * 16;
         const size_t smem = size_t(2 * BKB + 4 * BQ) * (HS + 8) * sizeof(bf16) + 4 * BQ * sizeof(float);
-        auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ>;
+        auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN>;
         static bool configured = false;
         if (!configured) allow_smem(kernel, smem), configured = true;
         kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
@@ -673,7 +701,7 @@ void launch_backward(bf16* dqkv, float* D, const bf16* dout, const bf16* out, co
     {
         constexpr int BQB = WQ * MQ * 16;
         const size_t smem = size_t(2 * BQB + 4 * BK) * (HS + 8) * sizeof(bf16);
-        auto kernel = backward_dq_kernel<HS, WQ, MQ, BK>;
+        auto kernel = backward_dq_kernel<HS, WQ, MQ, BK, QMIN>;
         static bool configured = false;
         if (!configured) allow_smem(kernel, smem), configured = true;
         kernel<<<dim3((T + BQB - 1) / BQB, NH, B), WQ * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
@@ -681,13 +709,13 @@ void launch_backward(bf16* dqkv, float* D, const bf16* dout, const bf16* out, co
     }
 }
 
-template <int WK, int MK, int BQ, int WQ, int MQ, int BK>
+template <int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN = 1, int QMIN = 1>
 bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
                  int NH, int HS, cudaStream_t stream) {
     switch (HS) {
-        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
         default: return false;
     }
 }
@@ -852,8 +880,9 @@ inline void forward_plain(bf16* out, float* lse, const bf16* qkv, int B, int T, 
 
 inline void backward_plain(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
                            int T, int NH, int HS, cudaStream_t stream) {
-    launch_backward_dot(D, dout, out, B, T, NH, HS, stream);
     const long long rows = (long long)B * NH * T;
+    backward_dot_plain_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream>>>(D, dout, out, B, T, NH, HS);
+    cuda_check_launch();
     const unsigned blocks = unsigned((rows + kPlainWarps - 1) / kPlainWarps);
     const float scale = 1.0f / sqrtf(float(HS));
     plain_backward_dq_kernel<<<blocks, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale);
@@ -903,7 +932,8 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
     using namespace flash_detail;
     check_shape(B, T, NH, HS);
     float* D = static_cast<float*>(scratch);
-    const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(qkv);
+    const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(out) &&
+                      is_aligned16(qkv);
     if (fast) {
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
     } else {

@@ -101,11 +101,12 @@ template <int WPR> __host__ __device__ constexpr int backward_block_threads() { 
 // ---------------------------------------------------------------------------------------------
 // Forward, vector path: row in registers, one 128-bit streaming read of x (or of a and b), one write.
 
-template <typename T, int WPR, bool RESIDUAL>
-__global__ void __launch_bounds__(block_threads<WPR>())
+// STREAM_LOADS and MIN_BLOCK are the header's choices by default; the lab varies them (experiments).
+template <typename T, int WPR, bool RESIDUAL, bool STREAM_LOADS = true, int MIN_BLOCK = kForwardMinBlock>
+__global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
     layernorm_forward_vec_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
                                  const T* weight, const T* bias, int N, int C) {
-    constexpr int BLOCK = block_threads<WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
+    constexpr int BLOCK = block_threads<WPR, MIN_BLOCK>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
     constexpr int K = kForwardColsPerThread / VS;
     __shared__ float buf[2][BLOCK / 32];
     const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
@@ -119,13 +120,14 @@ __global__ void __launch_bounds__(block_threads<WPR>())
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;
         if (i < nvec) {
+            auto load = [](const T* p) { return STREAM_LOADS ? Vec128<T>::load_stream(p) : Vec128<T>::load(p); };
             if constexpr (RESIDUAL) {
-                Vec128<T> a = Vec128<T>::load_stream(inp1 + offset + size_t(i) * VS);
-                Vec128<T> b = Vec128<T>::load_stream(inp2 + offset + size_t(i) * VS);
+                Vec128<T> a = load(inp1 + offset + size_t(i) * VS);
+                Vec128<T> b = load(inp2 + offset + size_t(i) * VS);
 #pragma unroll
                 for (int j = 0; j < VS; j++) xv[k][j] = from_float<T>(to_float(a[j]) + to_float(b[j]));
             } else {
-                xv[k] = Vec128<T>::load_stream(inp1 + offset + size_t(i) * VS);
+                xv[k] = load(inp1 + offset + size_t(i) * VS);
             }
         }
     }

@@ -6,6 +6,7 @@
 # GELU paths: a breakdown with the separate GELU kernels (-ge 0) at GELU_BATCH (default 16) beside the
 # default's (fused, -ge 2), and the memory of -r 0 (default) against -r 1 (GELU recomputed) at
 # RECOMPUTE_BATCH (default 64; the -r 0 numbers come from the throughput run when it had that B).
+# GELU_BATCH=none / RECOMPUTE_BATCH=none skip those runs.
 # Needs the prepared data (make train prepares it; or data/prepare_tinyshakespeare.py).
 set -u
 cd "$(dirname "$0")/.."
@@ -22,16 +23,18 @@ done
 for B in ${PROFILE_BATCHES:-$BATCHES}; do
     ./train_gpt_bf16 -e d12 -b "$B" -t 1024 -x 12 -v 0 -s 0 -pf 1 > "$OUT/bench/profile_B$B.log" 2>&1
     echo "phase breakdown B=$B:"
-    grep -E "^(done|GELU fusion)" "$OUT/bench/profile_B$B.log"
+    grep -E "^(done|GELU fusion|bias gradients)" "$OUT/bench/profile_B$B.log"
     sed -n '/^GPU time per step/,$p' "$OUT/bench/profile_B$B.log"
 done
 GB=${GELU_BATCH:-16}
-./train_gpt_bf16 -e d12 -b "$GB" -t 1024 -x 12 -v 0 -s 0 -pf 1 -ge 0 > "$OUT/bench/profile_B${GB}_ge0.log" 2>&1
-echo "phase breakdown B=$GB, -ge 0 (separate GELU kernels, against the fused default above):"
-grep -E "^done" "$OUT/bench/profile_B${GB}_ge0.log"
-sed -n '/^GPU time per step/,$p' "$OUT/bench/profile_B${GB}_ge0.log"
+[[ $GB != none ]] && {
+    ./train_gpt_bf16 -e d12 -b "$GB" -t 1024 -x 12 -v 0 -s 0 -pf 1 -ge 0 > "$OUT/bench/profile_B${GB}_ge0.log" 2>&1
+    echo "phase breakdown B=$GB, -ge 0 (separate GELU kernels, against the fused default above):"
+    grep -E "^done" "$OUT/bench/profile_B${GB}_ge0.log"
+    sed -n '/^GPU time per step/,$p' "$OUT/bench/profile_B${GB}_ge0.log"
+}
 RB=${RECOMPUTE_BATCH:-64}
-for R in 0 1; do
+[[ $RB != none ]] && for R in 0 1; do
     log="$OUT/bench/ours_B$RB.log"
     if [[ $R == 1 || " $BATCHES " != *" $RB "* ]]; then
         log="$OUT/bench/memory_B${RB}_r$R.log"

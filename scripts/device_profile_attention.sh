@@ -9,9 +9,9 @@ source "$(dirname "$0")/device_lab.sh" profile "$@"
 run build make -j16 dev/cuda/attention_backward build/libattention_capi.so
 sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats)
-# Ours: the header's backward (lab version 9): the D = rowsum(dO * O) kernel, dk/dv, dq.
+# Ours: the header's backward (lab version 10): the D = rowsum(dO * O) kernel, dk/dv, dq.
 run ours timeout 200 ncu --clock-control none "${sections[@]}" -k "regex:backward_(dot|dkdv|dq)_kernel" -c 3 \
-    ./dev/cuda/attention_backward 9 --no-validate -b 8
+    ./dev/cuda/attention_backward 10 --no-validate -b 8
 # PyTorch's flash backward kernels (names contain flash_bwd), from the side-by-side script.
 run sdpa timeout 300 ncu --clock-control none "${sections[@]}" -k "regex:flash_bwd" -c 3 \
     "$PY" dev/cuda/attention_vs_torch.py -b 8

@@ -12,9 +12,12 @@
 #   PART=3  every lab --check; the LayerNorm lab (header versions) and its side-by-side with PyTorch;
 #           the attention backward profile (scripts/device_profile_attention.sh); 200 steps of bf16
 #           and of fp32 from the same seed, validation loss every 50 (bf16 should track fp32).
+#   PART=4  a change to the training loop's kernels, quickly: build; every lab --check; the
+#           classifier lab's benchmark; the attention backward lab (versions 4, 9, 10) at B=64;
+#           test/test_gpt.sh; training throughput at B=16 (with the phase breakdown) and B=64.
 set -u
 PART=${PART:-1}
-[[ $PART == [123] ]] || { echo "error: PART must be 1, 2 or 3, got '$PART'" >&2; exit 1; }
+[[ $PART == [1234] ]] || { echo "error: PART must be 1, 2, 3 or 4, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -67,6 +70,15 @@ elif [[ $PART == 2 ]]; then
         ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 -r $r > "$log/b64_r$r.log" 2>&1
         echo "-r $r B=64: $(grep -E '^step +[0-9]+/' "$log/b64_r$r.log" | awk '{printf "%s ", $5}')"
     done
+elif [[ $PART == 4 ]]; then
+    lab_check
+    step classifier ./dev/cuda/classifier
+    grep -E "^  [0-9]+ +(fp32|bf16) |copy" "$log/classifier.log"
+    step attention_backward ./dev/cuda/attention_backward 4 9 10 --no-validate
+    grep -E "TFLOP|^ *(v|version)? *(4|9|10) " "$log/attention_backward.log" | tail -n 8
+    step test_gpt bash test/test_gpt.sh
+    prepare
+    OUT="$log" BATCHES="16 64" STEPS=20 TORCH=0 PROFILE_BATCHES=16 GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 60
 elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1

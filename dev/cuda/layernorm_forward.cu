@@ -54,10 +54,31 @@ namespace cg = cooperative_groups;
 constexpr float kEps = 1e-5f;
 constexpr int kNumVersions = 5, kNumResidualVersions = 2;
 
-// Tuning knobs of the benchmark (flags --wpr and --out-offset), for experiments on the header's kernel:
-// warps per row of version 5 (0: the header's choice), and where `out` starts in its allocation.
+// Tuning knobs of the benchmark, for experiments on the header's kernel (version 5): warps per row
+// (--wpr; 0: the header's choice), plain instead of streaming loads of x (--cached-loads), one row
+// group per block instead of blocks of at least 256 threads (--row-blocks), and where `out` starts in
+// its allocation (--out-offset).
 int g_wpr = 0;
+bool g_cached_loads = false, g_row_blocks = false;
 int g_out_offset_kib = 0;
+
+// Version 5 with the --cached-loads / --row-blocks knobs: the header's kernel, launched here.
+template <typename T, bool STREAM, int MIN_BLOCK>
+void launch_forward_variant(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C, int wpr) {
+    using namespace layernorm_detail;
+#define LN_FWD_VARIANT(W)                                                                              \
+    case W: {                                                                                          \
+        constexpr int block = block_threads<W, MIN_BLOCK>(), rows = block / (32 * W);                  \
+        layernorm_forward_vec_kernel<T, W, false, STREAM, MIN_BLOCK>                                   \
+            <<<(N + rows - 1) / rows, block>>>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C); \
+        break;                                                                                         \
+    }
+    switch (wpr) {
+        LN_FWD_VARIANT(1) LN_FWD_VARIANT(2) LN_FWD_VARIANT(4) LN_FWD_VARIANT(8) LN_FWD_VARIANT(16)
+        default: fail("bad warps per row %d", wpr);
+    }
+#undef LN_FWD_VARIANT
+}
 
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per row.
@@ -237,6 +258,14 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
             cuda_check_launch();
             return "v4 n/a here, ran v3";
         case 5:
+            if ((g_cached_loads || g_row_blocks) && layernorm_detail::forward_warps_per_row<T>(C) &&
+                layernorm_detail::vector_ok<T>(C, {out, inp, weight, bias})) {
+                const int wpr = std::max(g_wpr, layernorm_detail::forward_warps_per_row<T>(C));
+                if (g_cached_loads && g_row_blocks) launch_forward_variant<T, false, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
+                else if (g_cached_loads) launch_forward_variant<T, false, layernorm_detail::kForwardMinBlock>(out, mean, rstd, inp, weight, bias, N, C, wpr);
+                else launch_forward_variant<T, true, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
+                break;
+            }
             layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
             if (g_wpr && g_wpr < layernorm_detail::forward_warps_per_row<T>(C)) {
                 cuda_check_launch();
@@ -414,6 +443,8 @@ void usage(FILE* f) {
             "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
             "  --wpr W       version 5 with W warps per row (1, 2, 4, 8, 16; at least what the row needs)\n"
+            "  --cached-loads  version 5 with plain loads of x instead of streaming ones (experiment)\n"
+            "  --row-blocks  version 5 with one row group per block instead of blocks of >= 256 threads (experiment)\n"
             "  --out-offset K  benchmark: out starts K KiB into its allocation (address placement experiments)\n"
             "  -h            this message\n",
             kNumVersions, kNumResidualVersions);
@@ -460,6 +491,10 @@ int main(int argc, char** argv) {
             g_wpr = parse_int(value(), "--wpr", 1, usage);
             if (g_wpr & (g_wpr - 1) || g_wpr > layernorm_detail::kForwardMaxWarpsPerRow)
                 fail("--wpr must be 1, 2, 4, 8 or 16, got %d", g_wpr);
+        } else if (a == "--cached-loads") {
+            g_cached_loads = true;
+        } else if (a == "--row-blocks") {
+            g_row_blocks = true;
         } else if (a == "--out-offset") {
             g_out_offset_kib = parse_int(value(), "--out-offset", 0, usage);
             if (g_out_offset_kib > (1 << 20)) fail("--out-offset is at most 1048576 KiB (1 GiB), got %d", g_out_offset_kib);
