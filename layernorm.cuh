@@ -24,7 +24,7 @@
 //     layernorm_backward_scratch_bytes(N, C), which queries the current device.
 //   - Two paths each. The vector path (C a multiple of 16 / sizeof(T), every pointer 16-byte
 //     aligned, C <= 16384 forward, C <= 8192 backward) keeps the row in registers:
-//     one read of x (128-bit streaming loads, all issued before the first use), a two-pass
+//     one read of x (128-bit loads, all issued before the first use), a two-pass
 //     mean/variance on the registers (numerically safe for rows with a large mean), one write.
 //     A row group of 32 * WPR threads owns a row; WPR (warps per row) grows with C so that each thread
 //     holds at most 32 columns (forward) or 16 columns (backward); row groups inside a block sync
@@ -43,7 +43,7 @@ constexpr int kForwardColsPerThread = 32;  // forward: up to 32 columns of the r
 constexpr int kForwardMaxWarpsPerRow = 16;  // 512 threads per row: vector forward up to C = 16384
 constexpr int kBackwardColsPerThread = 16;  // backward: 16 columns per thread (x, dy, dx, w, dw, db in registers)
 constexpr int kBackwardMaxWarpsPerRow = 16;  // 512 threads per row: vector backward up to C = 8192
-constexpr int kForwardMinBlock = 256;   // blocks hold at least this many threads (several rows when rows are short)
+constexpr int kForwardMinBlock = 256;   // bf16 forward blocks hold at least this many threads (several rows when rows are short)
 constexpr int kBackwardMinBlock = 512;  // persistent backward blocks: 16 warps, at most 8 row groups (named barriers 1..8)
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -99,10 +99,15 @@ template <int WPR, int MIN = kForwardMinBlock> __host__ __device__ constexpr int
 template <int WPR> __host__ __device__ constexpr int backward_block_threads() { return block_threads<WPR, kBackwardMinBlock>(); }
 
 // ---------------------------------------------------------------------------------------------
-// Forward, vector path: row in registers, one 128-bit streaming read of x (or of a and b), one write.
+// Forward, vector path: row in registers, one 128-bit read of x (or of a and b), one write.
 
-// STREAM_LOADS and MIN_BLOCK are the header's choices by default; the lab varies them (experiments).
-template <typename T, int WPR, bool RESIDUAL, bool STREAM_LOADS = true, int MIN_BLOCK = kForwardMinBlock>
+// The forward's launch choices, measured on the H100 (dev/cuda/README.md, "plain loads"): x is read
+// with plain loads, not streaming (evict-first) ones, which cost 1-7 points of copy bandwidth in fp32
+// (89-94% -> 95-98%); fp32 blocks hold one row group (32 WPR threads), which gained up to 1 point
+// more there, while bf16 keeps blocks of at least 256 threads. The lab varies both (experiments).
+template <typename T> constexpr int kForwardMinBlockOf = sizeof(T) == 4 ? 32 : kForwardMinBlock;
+
+template <typename T, int WPR, bool RESIDUAL, bool STREAM_LOADS = false, int MIN_BLOCK = kForwardMinBlockOf<T>>
 __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
     layernorm_forward_vec_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
                                  const T* weight, const T* bias, int N, int C) {
@@ -497,11 +502,12 @@ void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1
     if (wpr_override && wpr && wpr_override >= wpr && wpr_override <= kForwardMaxWarpsPerRow) wpr = wpr_override;
     if (wpr && vector_ok<T>(C, {residual, out, inp1, inp2, weight, bias})) {
 #define LN_FWD(W)                                                                                              \
-    case W:                                                                                                    \
-        layernorm_forward_vec_kernel<T, W, RESIDUAL>                                                          \
-            <<<(N + block_threads<W>() / (32 * W) - 1) / (block_threads<W>() / (32 * W)), block_threads<W>(), 0, \
-               stream>>>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);                          \
-        break;
+    case W: {                                                                                                  \
+        constexpr int block = block_threads<W, kForwardMinBlockOf<T>>(), rows = block / (32 * W);             \
+        layernorm_forward_vec_kernel<T, W, RESIDUAL><<<(N + rows - 1) / rows, block, 0, stream>>>(            \
+            residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);                                        \
+        break;                                                                                                 \
+    }
         switch (wpr) {
             LN_FWD(1) LN_FWD(2) LN_FWD(4) LN_FWD(8) LN_FWD(16)
             default: fail("layernorm_forward: bad warps per row %d", wpr);

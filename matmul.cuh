@@ -38,11 +38,8 @@
 //     off to ~1e-6; bf16 builds take bf16 inputs with fp32 accumulation. A fused GELU is computed from
 //     the fp32 pre-activation before it is rounded to bf16, the unfused kernel from the rounded one:
 //     the two differ by bf16 rounding, not by formula.
-//   - dbias comes out of the dweight matmul, which reads dout anyway: cuBLASLt's BGRADB epilogue
-//     sums op(B) = dout over the GEMM's k dimension (the N rows) into an fp32 vector (no extra pass
-//     over a (N, OC) tensor: for GPT-2 124M at B*T = 16384 that was 2.7 GB a step), which a small
-//     kernel then adds into dbias, as the epilogue overwrites and dbias accumulates. Where cuBLASLt
-//     has no such algorithm, a matrix-vector product with a vector of ones (cuBLAS, beta = 1).
+//   - dbias is a matrix-vector product with a vector of ones (cuBLAS, beta = 1): accumulates,
+//     deterministic, and reads dout once.
 //   - cuBLAS results are bitwise reproducible run to run on the same GPU model and stream (its
 //     documented guarantee; epilogues included), which the deterministic training relies on.
 #pragma once
@@ -75,10 +72,6 @@ struct BlasContext {
     // Matmuls asked to fuse GELU (forward or backward): how many ran in a cuBLASLt epilogue, how
     // many took the unfused path (no algorithm for the shape/alignment). Reported by the programs.
     size_t gelu_fused = 0, gelu_unfused = 0;
-    // The same for the bias gradient in the dweight matmul's epilogue (BGRADB) or the ones-vector path.
-    size_t bgrad_fused = 0, bgrad_unfused = 0;
-    float* bgrad_scratch = nullptr;  // the epilogue's fp32 bias gradient, before it is added into dbias
-    size_t bgrad_scratch_count = 0;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
@@ -90,9 +83,8 @@ template <typename T> __global__ void fill_ones_kernel(T* x, size_t n) {
         x[i] = from_float<T>(1.0f);
 }
 
-// max_rows: the largest N any matmul_backward will see (sizes the ones vector); max_bias: the
-// largest OC with a bias (sizes the bias-gradient scratch).
-template <typename T> void blas_init(size_t max_rows, size_t max_bias) {
+// max_rows: the largest N any matmul_backward will see (sizes the ones vector).
+template <typename T> void blas_init(size_t max_rows) {
     BlasContext& b = blas();
     cublas_check(cublasCreate(&b.handle));
     cublas_check(cublasSetMathMode(b.handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 inputs
@@ -103,8 +95,6 @@ template <typename T> void blas_init(size_t max_rows, size_t max_bias) {
     b.ones_buffer = device_malloc(b.ones_count * sizeof(T), "matmul ones vector");
     fill_ones_kernel<T><<<256, 256>>>(static_cast<T*>(b.ones_buffer), b.ones_count);
     cuda_check_launch();
-    b.bgrad_scratch_count = std::max<size_t>(max_bias, 1);
-    b.bgrad_scratch = static_cast<float*>(device_malloc(b.bgrad_scratch_count * sizeof(float), "matmul bias-gradient scratch"));
 }
 
 inline void blas_destroy() {
@@ -113,7 +103,6 @@ inline void blas_destroy() {
     if (b.lt) cublas_check(cublasLtDestroy(b.lt));
     if (b.workspace) cuda_check(cudaFree(b.workspace));
     if (b.ones_buffer) cuda_check(cudaFree(b.ones_buffer));
-    if (b.bgrad_scratch) cuda_check(cudaFree(b.bgrad_scratch));
     b = BlasContext();
 }
 
@@ -184,12 +173,6 @@ template <typename T> void gelu_backward_inplace(T* d, const T* inp, size_t n, c
 // ---------------------------------------------------------------------------------------------
 // Matmuls.
 
-// dbias += the epilogue's fp32 bias gradient (rounded once, as the ones-vector path rounds).
-template <typename T> __global__ void accumulate_bias_grad_kernel(T* dbias, const float* grad, int OC) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < OC; i += gridDim.x * blockDim.x)
-        dbias[i] = from_float<T>(to_float(dbias[i]) + grad[i]);
-}
-
 template <typename T> __global__ void add_bias_kernel(T* out, const T* bias, size_t N, int OC) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < N * OC; i += size_t(gridDim.x) * blockDim.x)
         out[i] = from_float<T>(to_float(out[i]) + to_float(bias[i % OC]));
@@ -213,12 +196,11 @@ inline int pointer_alignment(const void* p) {
     return align;
 }
 
-// What the cuBLASLt epilogue does after D = op(A) op(B) (+ D when accumulating):
+// What the cuBLASLt epilogue does after D = op(A) B:
 //   plain: nothing; bias: D += bias (per row of the column-major D);
 //   gelu:  aux = D (+ bias), D = gelu(aux)   (GELU_AUX / GELU_AUX_BIAS: aux keeps the pre-activation);
-//   dgelu: D *= gelu'(aux)                   (aux: the forward's pre-activation, an input);
-//   bgradb: bias = sums of op(B) over k, one per column of D, in fp32 (overwritten).
-enum class MatmulEpilogue { plain, bias, gelu, dgelu, bgradb };
+//   dgelu: D *= gelu'(aux)                   (aux: the forward's pre-activation, an input).
+enum class MatmulEpilogue { plain, bias, gelu, dgelu };
 
 // A cuBLASLt plan for one shape, epilogue and set of alignments: descriptors and the heuristic's
 // algorithm, made once (the heuristic query costs tens of microseconds of CPU, every layer of every
@@ -231,16 +213,15 @@ struct MatmulPlan {
     bool has_algo = false;
 };
 
-// Column-major D (m, n) = op(A) op(B), op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
-// op(B) = B (stored (k, n), ld k) or B^T (stored (n, k), ld n); D and aux stored (m, n), ld m.
+// Column-major D (m, n) = op(A) B, op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
+// B stored (k, n), ld k; D and aux stored (m, n), ld m.
 template <typename T>
-MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, MatmulEpilogue ep,
-                        const void* A, const void* B, const void* D, const void* bias, const void* aux) {
+MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const void* A, const void* B,
+                        const void* D, const void* bias, const void* aux) {
     const int align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
     const int align_bias = bias ? pointer_alignment(bias) : 0, align_aux = aux ? pointer_alignment(aux) : 0;
-    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
-    MatmulPlan& plan =
-        plans[std::make_tuple((int)ta, (int)tb, m, n, k, (int)ep, align_a, align_b, align_d, align_bias, align_aux)];
+    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
+    MatmulPlan& plan = plans[std::make_tuple((int)ta, m, n, k, (int)ep, align_a, align_b, align_d, align_bias, align_aux)];
     if (plan.made) return plan;
     plan.made = true;
     const bool uses_aux = ep == MatmulEpilogue::gelu || ep == MatmulEpilogue::dgelu;
@@ -248,17 +229,13 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n
     BlasContext& b = blas();
     const cudaDataType_t type = cuda_data_type<T>();
     cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opN = CUBLAS_OP_N;
     cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (ep == MatmulEpilogue::bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
     if (ep == MatmulEpilogue::gelu) epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (ep == MatmulEpilogue::dgelu) epilogue = CUBLASLT_EPILOGUE_DGELU;
-    if (ep == MatmulEpilogue::bgradb) {
-        epilogue = CUBLASLT_EPILOGUE_BGRADB;
-        const cudaDataType_t bias_type = CUDA_R_32F;
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    }
     cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     // The heuristic looks at the bias and aux pointers (their alignment): show it the ones of this call.
     if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -269,8 +246,7 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n
     }
     if (ta == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, k, m, k));
     else cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, m, k, m));
-    if (tb == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, n, k, n));
-    else cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, k));
+    cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, k));
     cublas_check(cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m));
     cublasLtMatmulPreference_t pref;
     cublas_check(cublasLtMatmulPreferenceCreate(&pref));
@@ -292,18 +268,17 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n
     return plan;
 }
 
-// D = op(A) op(B) (+ D when accumulate) with the epilogue, through cuBLASLt. False when cuBLASLt has
-// no algorithm for this case or refuses it (then never tried again): the caller takes the plain path.
-// bias: the bias (T) of the bias epilogues, or the fp32 output of bgradb.
+// D = op(A) B with the epilogue, through cuBLASLt (beta = 0: D is overwritten). False when cuBLASLt
+// has no algorithm for this case or refuses it (then never tried again): the caller takes the plain path.
 template <typename T>
-bool matmul_lt(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, MatmulEpilogue ep, const T* A,
-               const T* B, T* D, const void* bias, const T* aux, bool accumulate, cudaStream_t stream) {
+bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const T* A, const T* B, T* D,
+               const T* bias, const T* aux, cudaStream_t stream) {
     BlasContext& b = blas();
-    MatmulPlan& plan = matmul_plan<T>(ta, tb, m, n, k, ep, A, B, D, bias, aux);
+    MatmulPlan& plan = matmul_plan<T>(ta, m, n, k, ep, A, B, D, bias, aux);
     if (!plan.has_algo) return false;
     if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (aux) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const float alpha = 1.0f, beta = 0.0f;
     const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d,
                                                  &plan.algo, b.workspace, b.workspace_bytes, stream);
     if (status == CUBLAS_STATUS_SUCCESS) return true;
@@ -318,7 +293,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
                     cudaStream_t stream = 0) {
     BlasContext& b = blas();
     const MatmulEpilogue ep = pre_gelu ? MatmulEpilogue::gelu : bias ? MatmulEpilogue::bias : MatmulEpilogue::plain;
-    const bool fused = matmul_lt<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, ep, weight, inp, out, bias, pre_gelu, false, stream);
+    const bool fused = matmul_lt<T>(CUBLAS_OP_T, OC, N, C, ep, weight, inp, out, bias, pre_gelu, stream);
     if (pre_gelu) (fused ? b.gelu_fused : b.gelu_unfused)++;
     if (fused) return;
     T* pre = pre_gelu ? pre_gelu : out;
@@ -339,26 +314,13 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
     if (dinp) {
         bool fused = false;
         if (pre_gelu) {
-            fused = matmul_lt<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, MatmulEpilogue::dgelu, weight, dout, dinp, nullptr,
-                                 pre_gelu, false, stream);
+            fused = matmul_lt<T>(CUBLAS_OP_N, C, N, OC, MatmulEpilogue::dgelu, weight, dout, dinp, (const T*)nullptr,
+                                 pre_gelu, stream);
             (fused ? b.gelu_fused : b.gelu_unfused)++;
         }
         if (!fused) {
             gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, stream);
             if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, stream);
-        }
-    }
-    // dweight: column-major (C, OC) += inp (C, N) dout^T, dout stored (OC, N); with a bias, its gradient
-    // in the epilogue (sums of dout^T over k = N, one per column).
-    if (dbias) {
-        if (size_t(OC) > b.bgrad_scratch_count) fail("matmul_backward: OC %d, bias-gradient scratch holds %zu", OC, b.bgrad_scratch_count);
-        const bool fused = matmul_lt<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, MatmulEpilogue::bgradb, inp, dout, dweight,
-                                        b.bgrad_scratch, nullptr, true, stream);
-        (fused ? b.bgrad_fused : b.bgrad_unfused)++;
-        if (fused) {
-            accumulate_bias_grad_kernel<T><<<(OC + 255) / 256, 256, 0, stream>>>(dbias, b.bgrad_scratch, OC);
-            cuda_check_launch();
-            return;
         }
     }
     gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);

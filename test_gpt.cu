@@ -338,8 +338,6 @@ int main(int argc, char** argv) {
     if (gelu_fusion >= 1)
         printf("GELU fusion in the model: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels\n",
                blas().gelu_fused - probe_fused, blas().gelu_unfused - probe_unfused);
-    printf("bias gradients in the model: %zu from the dweight matmul's epilogue, %zu from a matrix-vector product\n",
-           blas().bgrad_fused, blas().bgrad_unfused);
     gpt_free(m);
     return counter.finish();
 }

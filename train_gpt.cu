@@ -397,7 +397,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
     m.targets = gpt_alloc<int>(m, BT * sizeof(int), "targets");
     m.buckets = gpt_alloc<int>(m, (3 * size_t(BT) + 1) * sizeof(int), "encoder buckets");
     cuda_check(cudaMallocHost(&m.host_losses, BT * sizeof(float)));
-    blas_init<floatX>(std::max<size_t>(BT, 1), 4 * size_t(m.config.C));  // widest bias: the MLP's fc, 4C
+    blas_init<floatX>(std::max<size_t>(BT, 1));
     cuda_check(cudaDeviceSynchronize());
 }
 
@@ -1270,8 +1270,6 @@ int main(int argc, char** argv) {
     if (m.gelu_fusion > 0)
         printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "
                "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);
-    printf("bias gradients: %zu from the dweight matmul's cuBLASLt epilogue, %zu from a separate matrix-vector product "
-           "(no epilogue algorithm for their shape)\n", blas().bgrad_fused, blas().bgrad_unfused);
     profiler().report();
     if (log) fclose(log);
     gpt_free(m);

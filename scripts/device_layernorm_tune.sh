@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # LayerNorm forward tuning experiment on a GPU machine: the header's kernel (lab version 5) at the
 # benchmark shapes under each variant in $VARIANTS (lab flags, one variant per ';'): warps per row
-# (--wpr), plain instead of streaming loads (--cached-loads), one row group per block (--row-blocks),
+# (--wpr), streaming instead of plain loads (--stream-loads), the smallest block (--min-block 32|256),
 # and where `out` lies (--out-offset: does the distance between the input and output addresses change
 # the bandwidth?). Each run validates what it benchmarks first. Logs go to
 # $OUT/layernorm_tune/*.log (OUT defaults to ./out); a summary line per (dtype, variant) is printed.
 # Default variants: out at offset 0 and 1025 KiB with every --wpr (the stop-10 experiment).
-#   usage: [VARIANTS='--wpr 2;--cached-loads'] [DTYPES='fp32 bf16'] bash scripts/device_layernorm_tune.sh [-h]
+#   usage: [VARIANTS='--wpr 2;--stream-loads'] [DTYPES='fp32 bf16'] bash scripts/device_layernorm_tune.sh [-h]
 source "$(dirname "$0")/device_lab.sh" layernorm_tune "$@"
 run build make -j16 dev/cuda/layernorm_forward
 if [[ -z "${VARIANTS:-}" ]]; then

@@ -55,14 +55,16 @@ constexpr float kEps = 1e-5f;
 constexpr int kNumVersions = 5, kNumResidualVersions = 2;
 
 // Tuning knobs of the benchmark, for experiments on the header's kernel (version 5): warps per row
-// (--wpr; 0: the header's choice), plain instead of streaming loads of x (--cached-loads), one row
-// group per block instead of blocks of at least 256 threads (--row-blocks), and where `out` starts in
-// its allocation (--out-offset).
+// (--wpr; 0: the header's choice), streaming (evict-first) instead of plain loads of x
+// (--stream-loads), the smallest block (--min-block 32: one row group per block; 256: several row
+// groups when rows are short; 0: the header's choice), and where `out` starts in its allocation
+// (--out-offset).
 int g_wpr = 0;
-bool g_cached_loads = false, g_row_blocks = false;
+bool g_stream_loads = false;
+int g_min_block = 0;
 int g_out_offset_kib = 0;
 
-// Version 5 with the --cached-loads / --row-blocks knobs: the header's kernel, launched here.
+// Version 5 with the --stream-loads / --min-block knobs: the header's kernel, launched here.
 template <typename T, bool STREAM, int MIN_BLOCK>
 void launch_forward_variant(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C, int wpr) {
     using namespace layernorm_detail;
@@ -258,12 +260,14 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
             cuda_check_launch();
             return "v4 n/a here, ran v3";
         case 5:
-            if ((g_cached_loads || g_row_blocks) && layernorm_detail::forward_warps_per_row<T>(C) &&
+            if ((g_stream_loads || g_min_block) && layernorm_detail::forward_warps_per_row<T>(C) &&
                 layernorm_detail::vector_ok<T>(C, {out, inp, weight, bias})) {
                 const int wpr = std::max(g_wpr, layernorm_detail::forward_warps_per_row<T>(C));
-                if (g_cached_loads && g_row_blocks) launch_forward_variant<T, false, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
-                else if (g_cached_loads) launch_forward_variant<T, false, layernorm_detail::kForwardMinBlock>(out, mean, rstd, inp, weight, bias, N, C, wpr);
-                else launch_forward_variant<T, true, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
+                const int min_block = g_min_block ? g_min_block : layernorm_detail::kForwardMinBlockOf<T>;
+                if (g_stream_loads && min_block == 32) launch_forward_variant<T, true, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
+                else if (g_stream_loads) launch_forward_variant<T, true, 256>(out, mean, rstd, inp, weight, bias, N, C, wpr);
+                else if (min_block == 32) launch_forward_variant<T, false, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
+                else launch_forward_variant<T, false, 256>(out, mean, rstd, inp, weight, bias, N, C, wpr);
                 break;
             }
             layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
@@ -443,8 +447,8 @@ void usage(FILE* f) {
             "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
             "  --wpr W       version 5 with W warps per row (1, 2, 4, 8, 16; at least what the row needs)\n"
-            "  --cached-loads  version 5 with plain loads of x instead of streaming ones (experiment)\n"
-            "  --row-blocks  version 5 with one row group per block instead of blocks of >= 256 threads (experiment)\n"
+            "  --stream-loads  version 5 with streaming (evict-first) loads of x instead of plain ones (experiment)\n"
+            "  --min-block B  version 5 with blocks of at least B threads: 32 (one row group) or 256 (experiment)\n"
             "  --out-offset K  benchmark: out starts K KiB into its allocation (address placement experiments)\n"
             "  -h            this message\n",
             kNumVersions, kNumResidualVersions);
@@ -491,10 +495,11 @@ int main(int argc, char** argv) {
             g_wpr = parse_int(value(), "--wpr", 1, usage);
             if (g_wpr & (g_wpr - 1) || g_wpr > layernorm_detail::kForwardMaxWarpsPerRow)
                 fail("--wpr must be 1, 2, 4, 8 or 16, got %d", g_wpr);
-        } else if (a == "--cached-loads") {
-            g_cached_loads = true;
-        } else if (a == "--row-blocks") {
-            g_row_blocks = true;
+        } else if (a == "--stream-loads") {
+            g_stream_loads = true;
+        } else if (a == "--min-block") {
+            g_min_block = parse_int(value(), "--min-block", 32, usage);
+            if (g_min_block != 32 && g_min_block != 256) fail("--min-block must be 32 or 256, got %d", g_min_block);
         } else if (a == "--out-offset") {
             g_out_offset_kib = parse_int(value(), "--out-offset", 0, usage);
             if (g_out_offset_kib > (1 << 20)) fail("--out-offset is at most 1048576 KiB (1 GiB), got %d", g_out_offset_kib);
