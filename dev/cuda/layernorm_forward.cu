@@ -262,7 +262,8 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
         case 5:
             if ((g_stream_loads || g_min_block) && layernorm_detail::forward_warps_per_row<T>(C) &&
                 layernorm_detail::vector_ok<T>(C, {out, inp, weight, bias})) {
-                const int wpr = std::max(g_wpr, layernorm_detail::forward_warps_per_row<T>(C));
+                const int wpr = g_wpr >= layernorm_detail::forward_min_warps_per_row(C) ? g_wpr
+                                                                                         : layernorm_detail::forward_warps_per_row<T>(C);
                 const int min_block = g_min_block ? g_min_block : layernorm_detail::kForwardMinBlockOf<T>;
                 if (g_stream_loads && min_block == 32) launch_forward_variant<T, true, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
                 else if (g_stream_loads) launch_forward_variant<T, true, 256>(out, mean, rstd, inp, weight, bias, N, C, wpr);
@@ -271,7 +272,7 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
                 break;
             }
             layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
-            if (g_wpr && g_wpr < layernorm_detail::forward_warps_per_row<T>(C)) {
+            if (g_wpr && g_wpr < layernorm_detail::forward_min_warps_per_row(C)) {
                 cuda_check_launch();
                 return "--wpr below the rows' need: the header's choice ran";
             }
