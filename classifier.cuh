@@ -9,10 +9,10 @@
 //   - The vector kernel (16-byte loads and stores; Vp a multiple of 8 bf16 / 4 fp32 values and the
 //     logits 16-byte aligned, as in training) reads the row once for an online max/sum, a running
 //     maximum and a sum rescaled when it grows, once per vector of 4-8 values rather than per value,
-//     then a second time to write dlogits: the row (100 KB for GPT-2) is still in L2 then, so DRAM
-//     sees one read and one write. Several vectors per thread are loaded before any is used, to keep
-//     enough bytes in flight. dev/cuda/classifier.cu measures it against the scalar kernel below
-//     (the fallback for any other Vp or alignment).
+//     then a second time to write dlogits, counting on the row (100 KB for GPT-2) to be still in L2
+//     then. Several vectors per thread are loaded before any is used, to keep enough bytes in
+//     flight. dev/cuda/classifier.cu measures it against the scalar kernel below (the fallback for
+//     any other Vp or alignment): 71% of copy on the H100, against 41%.
 //   - __expf (ex2.approx after a multiply by log2 e; a few units in the last place for the arguments
 //     here, all <= 0): the accurate expf costs ~10 instructions a value, and two exponentials per
 //     logit at that price would make this pass compute-bound.
