@@ -500,8 +500,9 @@ template <typename T> inline int backward_warps_per_row(int C) {
     return 0;
 }
 
-// wpr_override: 0 = automatic; the lab passes other values to tune the choice.
-template <typename T, bool RESIDUAL>
+// wpr_override: 0 = automatic; the lab passes other values, and other STREAM_LOADS / MIN_BLOCK, to
+// tune the choices.
+template <typename T, bool RESIDUAL, bool STREAM_LOADS = false, int MIN_BLOCK = kForwardMinBlockOf<T>>
 void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2, const T* weight,
                     const T* bias, int N, int C, cudaStream_t stream, int wpr_override = 0) {
     if (N <= 0 || C <= 0) return;
@@ -511,8 +512,9 @@ void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1
     if (wpr && vector_ok<T>(C, {residual, out, inp1, inp2, weight, bias})) {
 #define LN_FWD(W)                                                                                              \
     case W: {                                                                                                  \
-        constexpr int block = block_threads<W, kForwardMinBlockOf<T>>(), rows = block / (32 * W);             \
-        layernorm_forward_vec_kernel<T, W, RESIDUAL><<<(N + rows - 1) / rows, block, 0, stream>>>(            \
+        constexpr int block = block_threads<W, MIN_BLOCK>(), rows = block / (32 * W);                         \
+        layernorm_forward_vec_kernel<T, W, RESIDUAL, STREAM_LOADS, MIN_BLOCK>                                  \
+            <<<(N + rows - 1) / rows, block, 0, stream>>>(                                                     \
             residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);                                        \
         break;                                                                                                 \
     }

@@ -64,24 +64,6 @@ bool g_stream_loads = false;
 int g_min_block = 0;
 int g_out_offset_kib = 0;
 
-// Version 5 with the --stream-loads / --min-block knobs: the header's kernel, launched here.
-template <typename T, bool STREAM, int MIN_BLOCK>
-void launch_forward_variant(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C, int wpr) {
-    using namespace layernorm_detail;
-#define LN_FWD_VARIANT(W)                                                                              \
-    case W: {                                                                                          \
-        constexpr int block = block_threads<W, MIN_BLOCK>(), rows = block / (32 * W);                  \
-        layernorm_forward_vec_kernel<T, W, false, STREAM, MIN_BLOCK>                                   \
-            <<<(N + rows - 1) / rows, block>>>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C); \
-        break;                                                                                         \
-    }
-    switch (wpr) {
-        LN_FWD_VARIANT(1) LN_FWD_VARIANT(2) LN_FWD_VARIANT(4) LN_FWD_VARIANT(8) LN_FWD_VARIANT(16)
-        default: fail("bad warps per row %d", wpr);
-    }
-#undef LN_FWD_VARIANT
-}
-
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per row.
 
@@ -259,24 +241,23 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
             layernorm_forward_kernel3<T><<<N, 256>>>(out, mean, rstd, inp, weight, bias, N, C);
             cuda_check_launch();
             return "v4 n/a here, ran v3";
-        case 5:
-            if ((g_stream_loads || g_min_block) && layernorm_detail::forward_warps_per_row<T>(C) &&
-                layernorm_detail::vector_ok<T>(C, {out, inp, weight, bias})) {
-                const int wpr = g_wpr >= layernorm_detail::forward_min_warps_per_row(C) ? g_wpr
-                                                                                         : layernorm_detail::forward_warps_per_row<T>(C);
-                const int min_block = g_min_block ? g_min_block : layernorm_detail::kForwardMinBlockOf<T>;
-                if (g_stream_loads && min_block == 32) launch_forward_variant<T, true, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
-                else if (g_stream_loads) launch_forward_variant<T, true, 256>(out, mean, rstd, inp, weight, bias, N, C, wpr);
-                else if (min_block == 32) launch_forward_variant<T, false, 32>(out, mean, rstd, inp, weight, bias, N, C, wpr);
-                else launch_forward_variant<T, false, 256>(out, mean, rstd, inp, weight, bias, N, C, wpr);
-                break;
-            }
-            layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
-            if (g_wpr && g_wpr < layernorm_detail::forward_min_warps_per_row(C)) {
+        case 5: {
+            using namespace layernorm_detail;
+            const int min_block = g_min_block ? g_min_block : kForwardMinBlockOf<T>;  // the knobs pick the launcher's template arguments
+            if (g_stream_loads && min_block == 32)
+                forward_launch<T, false, true, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+            else if (g_stream_loads)
+                forward_launch<T, false, true, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+            else if (min_block == 32)
+                forward_launch<T, false, false, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+            else
+                forward_launch<T, false, false, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+            if (g_wpr && g_wpr < forward_min_warps_per_row(C)) {
                 cuda_check_launch();
                 return "--wpr below the rows' need: the header's choice ran";
             }
             break;
+        }
         default:
             fail("forward version %d does not exist (1..%d)", version, kNumVersions);
     }
