@@ -27,8 +27,11 @@
 //     so T need not be a multiple of a tile and nothing non-finite enters a product.
 //   - Backward without floating-point atomics, so bitwise deterministic: one kernel per key block
 //     (dk, dv, looping over the query tiles at or after it) and one per query block (dq, looping over
-//     the key tiles up to it). That recomputes q k^T and dO v^T once more than an atomic dq would
-//     (7 matrix products instead of 5) in exchange for determinism and no fp32 dq buffer.
+//     the key tiles up to it, in order). Given room for dS (flash_attention_backward_ds_bytes; the
+//     training loop lends its dead logits buffer), the key-side kernel stores dS in bf16 and the dq
+//     kernel only reads it and multiplies by k: 5 matrix products, as an atomic dq would do, for one
+//     extra write and read of the causal dS. Without it the dq kernel recomputes q k^T, dO v^T and
+//     the softmax (7 products).
 //   - Configurations (measured in dev/cuda/attention_{forward,backward}.cu, H100, README there):
 //     forward 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1 for 128
 //     (2 tiles spill there); backward 4 warps x 16 rows per block, streamed tiles of 64, all HS.
@@ -116,6 +119,14 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
     a[1] = pack_bf16(lo[2], lo[3]);
     a[2] = pack_bf16(hi[0], hi[1]);
     a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// The 8x8 bf16 matrix whose fragment (row lane / 4, columns 2 (lane % 4) + {0, 1}) each lane holds in
+// x, transposed across the warp into the same fragment layout.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
 }
 
 // `rows` rows of HS values, rows row0.. of a sequence whose row t starts at src + t * stride, into a
@@ -358,10 +369,18 @@ __global__ void backward_dot_plain_kernel(float* D, const bf16* dout, const bf16
 // dk, dv for BK = WARPS * MT * 16 keys (MT 16-key tiles per warp), streaming the query tiles (q, dO,
 // lse, D) of BQ rows that can see them. MT = 2 halves the shared-memory reads per MMA: every B
 // fragment (from q or dO) feeds both key tiles.
-template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS>
+//
+// STORE_DS (BK == BQ): also writes each dS tile, bf16, for backward_dq_from_ds_kernel, so that the dq
+// pass reads dS instead of recomputing q k^T, dO v^T and the softmax. The dq pass needs dS (query x
+// key) as an MMA A fragment, pairs of adjacent keys per register; this kernel holds dS^T, pairs of
+// adjacent queries. movmatrix transposes each 8x8 piece in registers, and each lane stores its
+// four pieces of a 16x16 block as one 16-byte vector: a tile is [query block][key block][lane] of
+// uint4 (8 KB), written and later read as whole 512-byte warp rows. Tile (qt, kb), kb <= qt, of
+// head (b, h) is number (b NH + h) n (n + 1) / 2 + qt (qt + 1) / 2 + kb, n = ceil(T / BQ).
+template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS, bool STORE_DS>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
-    backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T, int NH,
-                         float scale) {
+    backward_dkdv_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T,
+                         int NH, float scale) {
     constexpr int BK = WARPS * MT * 16, LD = HS + 8, NT = BQ / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
     static_assert(HS % 16 == 0 && BQ % 16 == 0, "tile shapes");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -384,6 +403,9 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     const int kblk0 = kb * BK, wk0 = kblk0 + warp * MT * 16;  // this warp's first key
     const int qt0 = kblk0 / BQ, n_qt = (T + BQ - 1) / BQ;
     const float sl2 = scale * kLog2e;
+    static_assert(!STORE_DS || BK == BQ, "dS tiles are square");
+    constexpr int TILE_VECS = (BQ / 16) * (BK / 16) * 32;  // uint4 per dS tile
+    uint4* ds_head = STORE_DS ? ds + (size_t(b) * NH + h) * (size_t(n_qt) * (n_qt + 1) / 2) * TILE_VECS : nullptr;
 
     auto load_query_tile = [&](int qt, int st) {
         load_rows_async<HS, LD, THREADS>(sQ + st * BQ * LD, q_src, stride, qt * BQ, BQ, T);
@@ -504,6 +526,14 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
             uint32_t pa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+            if (STORE_DS) {  // pa[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
+                uint4* tile = ds_head + (size_t(qt) * (qt + 1) / 2 + kb) * TILE_VECS;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    tile[(kk * (BK / 16) + warp * MT + mt) * 32 + lane] =
+                        make_uint4(transpose8x8(pa[mt][0]), transpose8x8(pa[mt][2]), transpose8x8(pa[mt][1]),
+                                   transpose8x8(pa[mt][3]));
+            }
 #pragma unroll
             for (int dpair = 0; dpair < DT / 2; dpair++) {
                 uint32_t bb[4];
@@ -673,6 +703,74 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         }
 }
 
+// dq for BQ = 64 queries (4 warps x 16) from the dS tiles backward_dkdv_kernel<..., STORE_DS> wrote:
+// dq = scale sum_j dS_j k_j over the key tiles j <= this query tile, in order (deterministic). A warp
+// reads its A fragments straight from global memory (one coalesced 512-byte row per 16x16 block, the
+// next tile's prefetched into registers during this one's MMAs); k tiles are double-buffered in
+// shared memory. Bound by reading dS (8 KB per tile pair), not by arithmetic.
+template <int HS>
+__global__ void __launch_bounds__(128)
+    backward_dq_from_ds_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
+    constexpr int BQ = 64, BK = 64, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = 128;
+    constexpr int TILE_VECS = (BQ / 16) * KSTEPS * 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // 2 x BK x LD
+
+    const int n_qt = gridDim.x, qt = n_qt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest first
+    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
+    const size_t stride = 3 * size_t(C);
+    const bf16* k_src = qkv + size_t(b) * T * stride + C + h * HS;
+    const uint4* frag = ds + ((size_t(b) * NH + h) * (size_t(n_qt) * (n_qt + 1) / 2) + size_t(qt) * (qt + 1) / 2) * TILE_VECS +
+                        warp * KSTEPS * 32 + lane;  // + j TILE_VECS + ks 32: tile j, key step ks
+
+    load_rows_async<HS, LD, THREADS>(sK, k_src, stride, 0, BK, T);
+    cp_async_commit();
+    uint4 cur[KSTEPS], next[KSTEPS];
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = frag[ks * 32];
+    float dq[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+
+    for (int j = 0; j <= qt; j++) {
+        cp_async_wait_all();
+        __syncthreads();
+        if (j < qt) {
+            load_rows_async<HS, LD, THREADS>(sK + ((j + 1) & 1) * BK * LD, k_src, stride, (j + 1) * BK, BK, T);
+            cp_async_commit();
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) next[ks] = frag[(j + 1) * TILE_VECS + ks * 32];
+        }
+        const bf16* cK = sK + (j & 1) * BK * LD;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            if (j == qt && ks > warp) break;  // on the diagonal tile these keys are after all this warp's queries: dS = 0
+            const uint32_t a[4] = {cur[ks].x, cur[ks].y, cur[ks].z, cur[ks].w};
+#pragma unroll
+            for (int dpair = 0; dpair < DT / 2; dpair++) {
+                uint32_t bb[4];
+                load_b_kn(bb, cK, LD, ks * 16, dpair * 16);
+                mma_bf16(dq[2 * dpair], a, bb[0], bb[1]);
+                mma_bf16(dq[2 * dpair + 1], a, bb[2], bb[3]);
+            }
+        }
+        if (j < qt)
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = next[ks];
+    }
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int row = qt * BQ + warp * 16 + g + hf * 8;
+        if (row >= T) continue;
+        bf16* dst = dqkv + (size_t(b) * T + row) * stride + h * HS + 2 * c4;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                __floats2bfloat162_rn(dq[dt][hf * 2] * scale, dq[dt][hf * 2 + 1] * scale);
+    }
+}
+
 template <int HS>
 void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, cudaStream_t stream) {
     constexpr int VECS = HS / 8, LANES = VECS <= 8 ? 8 : VECS <= 16 ? 16 : 32;
@@ -683,22 +781,32 @@ void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int
 
 // Key-side kernel: WK warps x MK 16-key tiles, query tiles of BQ; query-side kernel: WQ warps x MQ
 // 16-query tiles, key tiles of BK. KMIN / QMIN: blocks per SM each kernel's registers must allow
-// (__launch_bounds__; 1 leaves the compiler free).
+// (__launch_bounds__; 1 leaves the compiler free). ds (nullptr: recompute): room for the dS tiles
+// (backward_ds_bytes); the key side stores them and backward_dq_from_ds_kernel replaces the query side
+// (configurations with 64-key blocks and 64-query tiles only).
 template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN, int QMIN>
-void launch_backward(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
-                     int NH, cudaStream_t stream) {
+void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
+                     int T, int NH, cudaStream_t stream) {
+    constexpr int BKB = WK * MK * 16;
+    constexpr bool kCanStore = BKB == 64 && BQ == 64;
+    if (ds && !kCanStore) fail("flash attention backward: this configuration cannot store dS tiles");
     launch_backward_dot<HS>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / sqrtf(float(HS));
     {
-        constexpr int BKB = WK * MK * 16;
         const size_t smem = size_t(2 * BKB + 4 * BQ) * (HS + 8) * sizeof(bf16) + 4 * BQ * sizeof(float);
-        auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN>;
-        static bool configured = false;
-        if (!configured) allow_smem(kernel, smem), configured = true;
-        kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
+        auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, false>;
+        if constexpr (kCanStore)
+            if (ds) kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, true>;
+        static bool configured[2] = {false, false};
+        if (!configured[ds != nullptr]) allow_smem(kernel, smem), configured[ds != nullptr] = true;
+        kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
         cuda_check_launch();
     }
-    {
+    if (ds) {
+        const size_t smem = size_t(2 * 64) * (HS + 8) * sizeof(bf16);
+        backward_dq_from_ds_kernel<HS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, qkv, T, NH, scale);
+        cuda_check_launch();
+    } else {
         constexpr int BQB = WQ * MQ * 16;
         const size_t smem = size_t(2 * BQB + 4 * BK) * (HS + 8) * sizeof(bf16);
         auto kernel = backward_dq_kernel<HS, WQ, MQ, BK, QMIN>;
@@ -709,13 +817,19 @@ void launch_backward(bf16* dqkv, float* D, const bf16* dout, const bf16* out, co
     }
 }
 
+// Bytes of dS tiles (64 x 64 bf16, the causal ones) the dS-storing backward needs.
+inline size_t backward_ds_bytes(int B, int T, int NH) {
+    const size_t n = (size_t(T) + 63) / 64;
+    return size_t(B) * NH * (n * (n + 1) / 2) * 64 * 64 * sizeof(bf16);
+}
+
 template <int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN = 1, int QMIN = 1>
 bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
-                 int NH, int HS, cudaStream_t stream) {
+                 int NH, int HS, cudaStream_t stream, uint4* ds = nullptr) {
     switch (HS) {
-        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
         default: return false;
     }
 }
@@ -925,17 +1039,28 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int H
     return (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256;
 }
 
+// Optional second scratch for the backward: room for dS, bf16, in 64 x 64 tiles on and below the
+// diagonal (B NH n (n + 1) / 2 tiles of 8 KB, n = ceil(T / 64); 0.86 GB at B=64 NH=12 T=1024). Given
+// it, the dk/dv pass stores dS and the dq pass reads it back instead of recomputing it (~35% less
+// backward time at GPT-2 shapes, dev/cuda/README.md); without it, or too small, dq recomputes.
+inline size_t flash_attention_backward_ds_bytes(int B, int T, int NH, int HS) {
+    return flash_attention_supported(HS) ? flash_detail::backward_ds_bytes(B, T, NH) : 0;
+}
+
 // dqkv (B, T, 3*NH*HS), overwritten, from dout and out (B, T, NH*HS), lse (B, NH, T) and qkv.
+// scratch: flash_attention_backward_scratch_bytes; ds_scratch (may be nullptr): see above.
 inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                                      const float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int HS,
-                                     cudaStream_t stream = 0) {
+                                     cudaStream_t stream = 0, void* ds_scratch = nullptr, size_t ds_scratch_bytes = 0) {
     using namespace flash_detail;
     check_shape(B, T, NH, HS);
     float* D = static_cast<float*>(scratch);
     const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(out) &&
                       is_aligned16(qkv);
     if (fast) {
-        backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
+        const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
+        backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
+                                        store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {
         backward_plain(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
     }

@@ -241,7 +241,8 @@ struct ActivationTensors {
     floatX* fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per layer
     floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer
     floatX* lnf;        // (B, T, C)
-    floatX* logits;     // (B, T, Vp)    overwritten by dlogits when the forward is given a dloss
+    floatX* logits;     // (B, T, Vp)    overwritten by dlogits when the forward is given a dloss; dead after
+                        //               the LM head's backward, so the attention backward borrows it (GPT::flash_ds)
     floatX* block_out;  // (B, T, C)     scratch: attention / MLP projection output before the residual add
     floatX* qkvr;       // (3, B, NH, T, HS) scratch: q, k, v per head
     floatX* yr;         // (B, NH, T, HS) scratch: attention output per head (dy per head in the backward)
@@ -313,7 +314,10 @@ struct GPT {
     float* stats_memory = nullptr;
     void* ln_scratch = nullptr;
     bool flash = false;             // attention through flash_attention.cuh (bf16 builds, head sizes it takes)
-    void* flash_scratch = nullptr;  // its backward's scratch
+    void* flash_scratch = nullptr;  // its backward's scratch (D)
+    void* flash_ds = nullptr;       // room for its backward's dS tiles: acts.logits where that is big enough
+    size_t flash_ds_bytes = 0;
+    void* flash_ds_memory = nullptr;  // else its own allocation
     int gelu_fusion = 0;            // GELU in cuBLASLt epilogues: 0 none, 1 forward, 2 forward and backward (-ge)
     int recompute = 0;              // 1: fch_gelu holds one layer, the backward recomputes it from fch (-r)
     float* norm_squared = nullptr;  // (1)
@@ -388,9 +392,15 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
 
     const int BT = B * T;
     m.ln_scratch = gpt_alloc<void>(m, layernorm_backward_scratch_bytes(BT, m.config.C), "LayerNorm backward scratch");
-    if (m.flash)
-        m.flash_scratch = gpt_alloc<void>(m, flash_attention_backward_scratch_bytes(B, T, m.config.NH, m.config.C / m.config.NH),
-                                          "flash attention scratch");
+    if (m.flash) {
+        const int NH = m.config.NH, HS = m.config.C / NH;
+        m.flash_scratch = gpt_alloc<void>(m, flash_attention_backward_scratch_bytes(B, T, NH, HS), "flash attention scratch");
+        // dS lets the attention backward skip recomputing the scores for dq (flash_attention.cuh). The
+        // logits buffer holds nothing live between the LM head's backward and the next forward.
+        const size_t ds_bytes = flash_attention_backward_ds_bytes(B, T, NH, HS), logits_bytes = size_t(BT) * m.config.Vp * sizeof(floatX);
+        if (ds_bytes <= logits_bytes) m.flash_ds = m.acts.logits, m.flash_ds_bytes = logits_bytes;
+        else m.flash_ds = m.flash_ds_memory = gpt_alloc<void>(m, ds_bytes, "flash attention dS"), m.flash_ds_bytes = ds_bytes;
+    }
     m.norm_squared = gpt_alloc<float>(m, sizeof(float), "gradient norm");
     m.norm_partials = gpt_alloc<float>(m, kNormBlocks * sizeof(float), "gradient norm partials");
     m.inputs = gpt_alloc<int>(m, BT * sizeof(int), "inputs");
@@ -403,7 +413,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
 
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
-                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.norm_squared, m.norm_partials, m.inputs,
+                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.flash_ds_memory, m.norm_squared, m.norm_partials, m.inputs,
                                                 m.targets, m.buckets})
         if (p) cuda_check(cudaFree(p));
     if (m.host_losses) cuda_check(cudaFreeHost(m.host_losses));
@@ -624,7 +634,7 @@ inline void gpt_backward(GPT& m, int B, int T) {
 #if !defined(ENABLE_FP32)
         if (m.flash)
             flash_attention_backward(a.dbig, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
-                                     C / NH);
+                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes);
 #endif
         if (!m.flash) attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");

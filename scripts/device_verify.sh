@@ -13,8 +13,9 @@
 #           the attention backward profile (scripts/device_profile_attention.sh); 200 steps of bf16
 #           and of fp32 from the same seed, validation loss every 50 (bf16 should track fp32).
 #   PART=4  a change to the training loop's kernels, quickly: build; every lab --check; the
-#           classifier lab's benchmark; the attention backward lab (versions 4, 9, 10) at B=64;
-#           test/test_gpt.sh; training throughput at B=16 (with the phase breakdown) and B=64.
+#           classifier lab's benchmark; the attention backward lab (versions 4, 10, 11) at B=64 (and 4,
+#           11 at HS 80, 128), a memcheck of 10 and 11, the attention side-by-side with PyTorch;
+#           test/test_gpt.sh; training throughput at B=16 and B=64, each with the phase breakdown.
 set -u
 PART=${PART:-1}
 [[ $PART == [1234] ]] || { echo "error: PART must be 1, 2, 3 or 4, got '$PART'" >&2; exit 1; }
@@ -74,11 +75,18 @@ elif [[ $PART == 4 ]]; then
     lab_check
     step classifier ./dev/cuda/classifier
     grep -E "^  [0-9]+ +(fp32|bf16) |copy" "$log/classifier.log"
-    step attention_backward ./dev/cuda/attention_backward 4 9 10 --no-validate
-    grep -E "TFLOP|^ *(v|version)? *(4|9|10) " "$log/attention_backward.log" | tail -n 8
+    step attention_backward ./dev/cuda/attention_backward 4 10 11 --no-validate
+    grep -E "TFLOP|^ *(v|version)? *(4|10|11) " "$log/attention_backward.log" | tail -n 8
+    for hs in 80 128; do ./dev/cuda/attention_backward 4 11 --no-validate -s $hs -n $((768 / hs)); done > "$log/attention_backward_hs.log" 2>&1
+    grep -E "HS=|^ *(4|11) " "$log/attention_backward_hs.log"
+    step sanitizer timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_backward 10 11 --no-validate -b 1 -n 2 -t 100
+    grep -E "ERROR SUMMARY" "$log/sanitizer.log"
+    PYTHONUNBUFFERED=1 timeout 120 "$PY" dev/cuda/attention_vs_torch.py > "$log/attention_vs_torch.log" 2>&1
+    echo "--- attention vs torch: exit $?"
+    tail -n 14 "$log/attention_vs_torch.log"
     step test_gpt bash test/test_gpt.sh
     prepare
-    OUT="$log" BATCHES="16 64" STEPS=20 TORCH=0 PROFILE_BATCHES=16 GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 60
+    OUT="$log" BATCHES="16 64" STEPS=20 TORCH=0 PROFILE_BATCHES="16 64" GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 60
 elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1

@@ -18,14 +18,19 @@ int attn_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, i
     return 0;
 }
 
-size_t attn_backward_scratch_bytes(int B, int T, int NH, int HS) { return flash_attention_backward_scratch_bytes(B, T, NH, HS); }
+// D, then room for the dS tiles (so the side-by-side times the backward training runs).
+size_t attn_backward_scratch_bytes(int B, int T, int NH, int HS) {
+    return flash_attention_backward_scratch_bytes(B, T, NH, HS) + flash_attention_backward_ds_bytes(B, T, NH, HS);
+}
 
 // dqkv (B, T, 3C) bf16 (overwritten), scratch of attn_backward_scratch_bytes bytes.
 int attn_backward(void* dqkv, void* scratch, const void* dout, const void* out, const float* lse, const void* qkv, int B, int T,
                   int NH, int HS, void* stream) {
     using bf = __nv_bfloat16;
+    const size_t d_bytes = flash_attention_backward_scratch_bytes(B, T, NH, HS);
     flash_attention_backward(static_cast<bf*>(dqkv), scratch, static_cast<const bf*>(dout), static_cast<const bf*>(out), lse,
-                             static_cast<const bf*>(qkv), B, T, NH, HS, static_cast<cudaStream_t>(stream));
+                             static_cast<const bf*>(qkv), B, T, NH, HS, static_cast<cudaStream_t>(stream),
+                             static_cast<char*>(scratch) + d_bytes, flash_attention_backward_ds_bytes(B, T, NH, HS));
     return 0;
 }
 

@@ -37,11 +37,16 @@
 //   9  as 4 with the dk/dv kernel held to 168 registers (__launch_bounds__ minimum of 3 blocks per SM,
 //      from 183): 12 warps per SM instead of 8 to hide the MMA and ldmatrix latencies (ncu: 1.9
 //      active warps per scheduler, 0.5 eligible, in 4's dk/dv kernel). HS = 128 spills under it.
-//   10 the header's flash_attention_backward (the configuration it picks per head size).
+//   10 as 4, but the dk/dv kernel also stores dS (bf16, 64 x 64 tiles on and below the diagonal,
+//      each 8x8 piece transposed in registers by movmatrix into the dq kernel's A-fragment order), and
+//      the dq kernel only reads dS and multiplies by k: no second q k^T, dO v^T or softmax. 5 products
+//      instead of 7, for an extra write and read of the causal dS (0.86 GB at the benchmark shape).
+//   11 the header's flash_attention_backward (the configuration it picks per head size; given room for
+//      dS, as here, version 10).
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
-// credited with this count; the flash versions do 7 products (q k^T and dO v^T once per kernel).
+// credited with this count; flash versions 4..9 do 7 products (q k^T and dO v^T once per kernel).
 
 #include <memory>
 #include <string>
@@ -52,7 +57,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 10;
+constexpr int kNumVersions = 11;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -123,12 +128,19 @@ __global__ void dkdv_kernel1(T* dqkv, const T* dout, const float* lse, const flo
 // ---------------------------------------------------------------------------------------------
 // Dispatch.
 
-// Everything a version may need beyond its inputs: D (versions 1, 3+), and for version 2 the
+// Everything a version may need beyond its inputs: D (versions 1, 3+), the dS tiles (10, 11; poisoned
+// with NaN so a tile the dq kernel reads but nobody wrote fails the check), and for version 2 the
 // forward's probabilities and attention.cuh's permute buffers.
 template <typename T> struct Scratch {
     DeviceBuffer<float> D;
+    std::unique_ptr<DeviceBuffer<uint4>> ds;
     std::unique_ptr<DeviceBuffer<T>> att, qkvr, dqkvr, dyr, datt, y, yr;
-    Scratch(const AttnShape& s, bool cublas) : D(flash_attention_backward_scratch_bytes(s.B, s.T, s.NH, s.HS) / 4, "D") {
+    Scratch(const AttnShape& s, bool cublas, bool store_ds = false)
+        : D(flash_attention_backward_scratch_bytes(s.B, s.T, s.NH, s.HS) / 4, "D") {
+        if (store_ds) {
+            ds.reset(new DeviceBuffer<uint4>(flash_detail::backward_ds_bytes(s.B, s.T, s.NH) / sizeof(uint4), "dS tiles"));
+            ds->poison();
+        }
         if (!cublas) return;
         const size_t tt = size_t(s.B) * s.NH * s.T * s.T, per = s.rows() * s.C();
         att.reset(new DeviceBuffer<T>(tt, "att")), datt.reset(new DeviceBuffer<T>(tt, "datt"));
@@ -177,7 +189,10 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
         case 8: ran = flash_detail::backward_tc<4, 2, 32, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 9: ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64, 3>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 10:
-            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
+            ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
+            break;
+        case 11:
+            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr, sc.ds->n * sizeof(uint4));
             if (!flash_attention_supported(HS)) return "plain path for this HS";
             break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
@@ -190,6 +205,7 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
 }
 
 bool version_has_dtype(int version, bool bf16) { return bf16 || version <= 2; }
+bool version_stores_ds(int version) { return version >= 10; }
 
 // ---------------------------------------------------------------------------------------------
 // Validation.
@@ -205,7 +221,7 @@ template <typename T> bool check_one(int version, const AttnShape& s, const Inpu
     DeviceBuffer<T> dqkv(in.qkv.size(), "dqkv");
     DeviceBuffer<float> lse(in.lse.size(), "lse");
     qkv.upload(convert<T>(in.qkv)), dout.upload(convert<T>(in.dout)), out.upload(convert<T>(in.out)), lse.upload(in.lse);
-    Scratch<T> sc(s, version == 2);
+    Scratch<T> sc(s, version == 2, version_stores_ds(version));
     if (version == 2) prepare_version2(sc, qkv.ptr, s);
     dqkv.poison();
     const char* note = run_version<T>(version, dqkv.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc);
@@ -257,7 +273,8 @@ void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
     }
 }
 
-// Determinism: the header's backward twice on the same inputs gives identical bits.
+// Determinism: the header's backward twice on the same inputs gives identical bits (with room for dS,
+// and once more without it, which takes the recomputing dq kernel).
 bool check_deterministic(const AttnShape& s) {
     typedef __nv_bfloat16 bf16;
     const Inputs in = make_inputs(s, 4242, nullptr);
@@ -265,12 +282,19 @@ bool check_deterministic(const AttnShape& s) {
     DeviceBuffer<bf16> d1(in.qkv.size(), "dqkv"), d2(in.qkv.size(), "dqkv");
     DeviceBuffer<float> lse(in.lse.size(), "lse");
     qkv.upload(convert<bf16>(in.qkv)), dout.upload(convert<bf16>(in.dout)), out.upload(convert<bf16>(in.out)), lse.upload(in.lse);
-    Scratch<bf16> sc(s, false);
-    flash_attention_backward(d1.ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS);
-    flash_attention_backward(d2.ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS);
-    const auto a = d1.download(), b = d2.download();
-    const bool same = memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
-    printf("  header backward run twice: %s\n", same ? "bitwise identical" : "DIFFERENT");
+    Scratch<bf16> sc(s, false, true);
+    const size_t ds_bytes = sc.ds->n * sizeof(uint4);
+    bool same = true;
+    for (bool with_ds : {true, false}) {
+        d1.poison(), d2.poison();
+        for (DeviceBuffer<bf16>* d : {&d1, &d2})
+            flash_attention_backward(d->ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS, 0,
+                                     with_ds ? sc.ds->ptr : nullptr, with_ds ? ds_bytes : 0);
+        const auto a = d1.download(), b = d2.download();
+        const bool ok = memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
+        printf("  header backward run twice (%s): %s\n", with_ds ? "dS stored" : "dS recomputed", ok ? "bitwise identical" : "DIFFERENT");
+        same &= ok;
+    }
     return same;
 }
 
@@ -293,7 +317,7 @@ template <typename T> void benchmark(const std::vector<int>& versions, const Att
     lse.upload(make_uniform_bf16(lse.n, 3.0f, 6.0f, 7));
     for (int v : versions) {
         if (!version_has_dtype(v, std::is_same<T, __nv_bfloat16>::value)) continue;
-        Scratch<T> sc(s, v == 2);
+        Scratch<T> sc(s, v == 2, version_stores_ds(v));
         if (v == 2) prepare_version2(sc, qkv.ptr, s);
         const char* note = nullptr;
         auto run = [&] { note = run_version<T>(v, dqkv.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc); };
