@@ -324,9 +324,9 @@ struct GPT {
     float* norm_partials = nullptr;
     int* inputs = nullptr;   // (B, T) device
     int* targets = nullptr;  // (B, T) device
-    int* buckets = nullptr;  // encoder-backward grouping of the current batch: token, start, positions
+    int* buckets = nullptr;  // encoder-backward work of the current batch: host_buckets.packed on the device
     TokenBuckets host_buckets;
-    int num_buckets = 0;
+    float* encoder_partials = nullptr;  // encoder backward's fp32 partial rows of split tokens
     float* host_losses = nullptr;  // pinned (B * T)
     size_t bytes_allocated = 0;
 };
@@ -405,7 +405,8 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
     m.norm_partials = gpt_alloc<float>(m, kNormBlocks * sizeof(float), "gradient norm partials");
     m.inputs = gpt_alloc<int>(m, BT * sizeof(int), "inputs");
     m.targets = gpt_alloc<int>(m, BT * sizeof(int), "targets");
-    m.buckets = gpt_alloc<int>(m, (3 * size_t(BT) + 1) * sizeof(int), "encoder buckets");
+    m.buckets = gpt_alloc<int>(m, encoder_backward_work_ints(BT) * sizeof(int), "encoder buckets");
+    m.encoder_partials = gpt_alloc<float>(m, encoder_backward_partials_bytes(BT, m.config.C), "encoder backward partials");
     cuda_check(cudaMallocHost(&m.host_losses, BT * sizeof(float)));
     blas_init<floatX>(std::max<size_t>(BT, 1));
     cuda_check(cudaDeviceSynchronize());
@@ -414,7 +415,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
                                                 m.stats_memory, m.ln_scratch, m.flash_scratch, m.flash_ds_memory, m.norm_squared, m.norm_partials, m.inputs,
-                                                m.targets, m.buckets})
+                                                m.targets, m.buckets, m.encoder_partials})
         if (p) cuda_check(cudaFree(p));
     if (m.host_losses) cuda_check(cudaFreeHost(m.host_losses));
     blas_destroy();
@@ -429,11 +430,9 @@ inline void gpt_set_batch(GPT& m, const int* inputs, const int* targets, int B, 
     cuda_check(cudaMemcpy(m.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice));
     if (targets) cuda_check(cudaMemcpy(m.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice));
     m.host_buckets.build(inputs, BT, m.config.V);
-    m.num_buckets = (int)m.host_buckets.bucket_token.size();
-    int* d = m.buckets;
-    cuda_check(cudaMemcpy(d, m.host_buckets.bucket_token.data(), m.num_buckets * sizeof(int), cudaMemcpyHostToDevice));
-    cuda_check(cudaMemcpy(d + BT, m.host_buckets.bucket_start.data(), (m.num_buckets + 1) * sizeof(int), cudaMemcpyHostToDevice));
-    cuda_check(cudaMemcpy(d + 2 * BT + 1, m.host_buckets.positions.data(), BT * sizeof(int), cudaMemcpyHostToDevice));
+    const std::vector<int>& work = m.host_buckets.packed;
+    if (work.size() > encoder_backward_work_ints(m.B * m.T)) fail("encoder backward work (%zu ints) overflows its buffer", work.size());
+    cuda_check(cudaMemcpy(m.buckets, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -645,9 +644,8 @@ inline void gpt_backward(GPT& m, int B, int T) {
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C);
     }
-    const int* d = m.buckets;
     prof.mark("bwd.encoder");
-    encoder_backward(g.wte, g.wpe, a.dresidual, d, d + BT, d + 2 * BT + 1, m.num_buckets, B, T, C);
+    encoder_backward(g.wte, g.wpe, m.encoder_partials, a.dresidual, m.buckets, m.host_buckets, B, T, C);
     prof.mark(nullptr);
 }
 

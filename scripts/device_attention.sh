@@ -10,13 +10,13 @@ run build make -j16 dev/cuda/attention_forward dev/cuda/attention_backward build
 run check ./dev/cuda/attention_forward --check
 run check ./dev/cuda/attention_backward --check
 # SANITIZE=1: memcheck of the flash paths at a small shape
-[[ -n "${SANITIZE:-}" ]] && run sanitizer timeout 100 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_forward 4 5 7 --no-validate -b 1 -n 2 -t 100
-[[ -n "${SANITIZE:-}" ]] && run sanitizer timeout 100 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_backward 4 7 8 9 10 --no-validate -b 1 -n 2 -t 100
+[[ -n "${SANITIZE:-}" ]] && run sanitizer timeout 100 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_forward 4 5 9 --no-validate -b 1 -n 2 -t 100
+[[ -n "${SANITIZE:-}" ]] && run sanitizer timeout 100 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_backward 4 7 8 9 10 11 --no-validate -b 1 -n 2 -t 100
 run bench ./dev/cuda/attention_forward --no-validate
 run bench ./dev/cuda/attention_backward --no-validate
 for hs in 80 128; do
-    run bench ./dev/cuda/attention_forward 4 5 6 7 --no-validate -s $hs -n $((768 / hs))
-    run bench ./dev/cuda/attention_backward 4 5 6 7 8 9 10 --no-validate -s $hs -n $((768 / hs))
+    run bench ./dev/cuda/attention_forward 4 5 6 7 8 9 --no-validate -s $hs -n $((768 / hs))
+    run bench ./dev/cuda/attention_backward 4 5 6 7 8 9 10 11 --no-validate -s $hs -n $((768 / hs))
 done
 PYTHONUNBUFFERED=1 run vs_torch "$PY" dev/cuda/attention_vs_torch.py
 exit $status

@@ -11,7 +11,7 @@ sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --sec
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats)
 # Ours: the header's backward (lab version 10): the D = rowsum(dO * O) kernel, dk/dv, dq.
 run ours timeout 200 ncu --clock-control none "${sections[@]}" -k "regex:backward_(dot|dkdv|dq)_kernel" -c 3 \
-    ./dev/cuda/attention_backward 10 --no-validate -b 8
+    ./dev/cuda/attention_backward 11 --no-validate -b 8
 # PyTorch's flash backward kernels (names contain flash_bwd), from the side-by-side script.
 run sdpa timeout 300 ncu --clock-control none "${sections[@]}" -k "regex:flash_bwd" -c 3 \
     "$PY" dev/cuda/attention_vs_torch.py -b 8

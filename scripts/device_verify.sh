@@ -13,7 +13,8 @@
 #           the attention backward profile (scripts/device_profile_attention.sh); 200 steps of bf16
 #           and of fp32 from the same seed, validation loss every 50 (bf16 should track fp32).
 #   PART=4  a change to the training loop's kernels, quickly: build; every lab --check; the
-#           classifier lab's benchmark; the attention backward lab (versions 4, 10, 11) at B=64 (and 4,
+#           classifier lab's benchmark; the unit tests (build/test); the attention forward lab (4, 5, 7,
+#           8, 9) and backward lab (versions 4, 10, 11) at B=64 (and 4,
 #           11 at HS 80, 128), a memcheck of 10 and 11, the attention side-by-side with PyTorch;
 #           test/test_gpt.sh; training throughput at B=16 and B=64, each with the phase breakdown.
 set -u
@@ -75,6 +76,9 @@ elif [[ $PART == 4 ]]; then
     lab_check
     step classifier ./dev/cuda/classifier
     grep -E "^  [0-9]+ +(fp32|bf16) |copy" "$log/classifier.log"
+    step unit_tests bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    step attention_forward ./dev/cuda/attention_forward 4 5 7 8 9 --no-validate
+    grep -E "^ *(4|5|7|8|9) +bf16" "$log/attention_forward.log"
     step attention_backward ./dev/cuda/attention_backward 4 10 11 --no-validate
     grep -E "TFLOP|^ *(v|version)? *(4|10|11) " "$log/attention_backward.log" | tail -n 8
     for hs in 80 128; do ./dev/cuda/attention_backward 4 11 --no-validate -s $hs -n $((768 / hs)); done > "$log/attention_backward_hs.log" 2>&1

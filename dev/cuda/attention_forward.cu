@@ -6,7 +6,7 @@
 //
 //   make dev/cuda/attention_forward
 //   ./dev/cuda/attention_forward            validate, then benchmark every version at B=64 NH=12 T=1024 HS=64 bf16
-//   ./dev/cuda/attention_forward 4 7        only versions 4 and 7
+//   ./dev/cuda/attention_forward 4 9        only versions 4 and 9
 //   ./dev/cuda/attention_forward --check    validation only (what CI runs; skips without a GPU)
 //
 // Layouts (all versions): qkv (B, T, 3C) -> out (B, T, C); versions that produce it, lse (B, NH, T).
@@ -27,7 +27,10 @@
 //      feeds twice the MMAs (shared-memory bandwidth was the limit of 4), half the K/V tile loads.
 //   6  as 4 with 8 warps (128-row blocks, 16 rows per warp): the same halving of K/V loads per query,
 //      without 5's doubled registers per thread.
-//   7  the header's flash_attention_forward: 5's configuration for head sizes 64 and 80, 4's for 128
+//   7  as 5 with key tiles of 128 (FlashAttention-2's tiling for head size 64): half the barriers and
+//      running-max updates per key, twice the score registers.
+//   8  as 5 with 8 warps (256-row blocks): each K/V tile loaded once for twice the queries.
+//   9  the header's flash_attention_forward: 5's configuration for head sizes 64 and 80, 4's for 128
 //      (where 5's doubled accumulators spill registers).
 //
 // FLOPs: 4 * B * NH * T * T * HS / 2, the useful causal work (two matrix products of 2 * HS
@@ -43,7 +46,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 7;
+constexpr int kNumVersions = 9;
 
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per query row.
@@ -114,7 +117,9 @@ const char* run_version(int version, T* out, float* lse, const T* qkv, const Att
         case 4: ran = flash_detail::forward_tc<4, 1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 5: ran = flash_detail::forward_tc<4, 2, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 6: ran = flash_detail::forward_tc<8, 1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 7:
+        case 7: ran = flash_detail::forward_tc<4, 2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 8: ran = flash_detail::forward_tc<8, 2, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 9:
             flash_attention_forward(outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!flash_attention_supported(HS)) return "plain path for this HS";
             break;
