@@ -13,13 +13,16 @@
 #           the attention backward profile (scripts/device_profile_attention.sh); 200 steps of bf16
 #           and of fp32 from the same seed, validation loss every 50 (bf16 should track fp32).
 #   PART=4  a change to the training loop's kernels, quickly: build; every lab --check; the
-#           classifier lab's benchmark; the unit tests (build/test); the attention forward lab (4, 5, 7,
-#           8, 9) and backward lab (versions 4, 10, 11) at B=64 (and 4,
-#           11 at HS 80, 128), a memcheck of 10 and 11, the attention side-by-side with PyTorch;
-#           test/test_gpt.sh; training throughput at B=16 and B=64, each with the phase breakdown.
+#           classifier lab's benchmark; the unit tests (build/test); the attention forward lab
+#           (versions 4, 5, 7, 8, 9) and backward lab (4, 10, 11) at B=64 (and 4, 11 at HS 80, 128), a
+#           memcheck of backward 10 and 11, the attention side-by-side with PyTorch; test/test_gpt.sh;
+#           training throughput at B=16 and B=64, each with the phase breakdown.
+#   PART=5  the figures a closing note quotes, no checks: the attention side-by-side twice; training
+#           throughput at B=16, 32, 64 (breakdown at 64, memory with -r 1) beside PyTorch's at 32 and
+#           64; 200 steps of bf16 and of fp32 from the same seed (bf16 should track fp32).
 set -u
 PART=${PART:-1}
-[[ $PART == [1234] ]] || { echo "error: PART must be 1, 2, 3 or 4, got '$PART'" >&2; exit 1; }
+[[ $PART == [12345] ]] || { echo "error: PART must be 1, 2, 3, 4 or 5, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -91,6 +94,18 @@ elif [[ $PART == 4 ]]; then
     step test_gpt bash test/test_gpt.sh
     prepare
     OUT="$log" BATCHES="16 64" STEPS=20 TORCH=0 PROFILE_BATCHES="16 64" GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 60
+elif [[ $PART == 5 ]]; then
+    for i in 1 2; do
+        PYTHONUNBUFFERED=1 timeout 120 "$PY" dev/cuda/attention_vs_torch.py > "$log/attention_vs_torch_$i.log" 2>&1
+        echo "--- attention vs torch ($i): exit $?"
+        grep -E "^(ours|torch) |ours / torch|agreement" "$log/attention_vs_torch_$i.log"
+    done
+    prepare
+    OUT="$log" BATCHES="16 32 64" STEPS=20 TORCH_BATCHES="32 64" PROFILE_BATCHES=64 GELU_BATCH=none RECOMPUTE_BATCH=64 timeout 330 bash scripts/bench_train.sh 2>&1 | tail -n 60
+    for p in bf16 fp32; do  # same seed: bf16 should track fp32's validation loss
+        timeout 120 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
+        echo "$p 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
+    done
 elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
