@@ -35,7 +35,8 @@
 //   - Configurations (measured in dev/cuda/attention_{forward,backward}.cu, H100, README there):
 //     forward 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1 for 128
 //     (2 tiles spill there); backward 4 warps x 16 rows per block, streamed tiles of 64, all HS.
-//     At B=64 NH=12 T=1024 HS=64: forward ~200 TFLOP/s, backward ~142 (PyTorch SDPA flash: ~205, ~155).
+//     At B=64 NH=12 T=1024 HS=64 (H100): forward ~210 TFLOP/s, backward with dS stored ~172 (PyTorch
+//     SDPA flash in the same process: ~203, ~163).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
 //     Every other head size up to 256 (and misaligned pointers) takes a plain path in this header:
 //     one warp per row, fp32 CUDA-core math, the same algorithm (online softmax, lse, recompute,
