@@ -397,7 +397,8 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
         m.flash_scratch = gpt_alloc<void>(m, flash_attention_backward_scratch_bytes(B, T, NH, HS), "flash attention scratch");
         // dS lets the attention backward skip recomputing the scores for dq (flash_attention.cuh). The
         // logits buffer holds nothing live between the LM head's backward and the next forward.
-        const size_t ds_bytes = flash_attention_backward_ds_bytes(B, T, NH, HS), logits_bytes = size_t(BT) * m.config.Vp * sizeof(floatX);
+        const size_t ds_bytes = flash_attention_backward_ds_bytes(B, T, NH, HS);
+        const size_t logits_bytes = size_t(BT) * m.config.Vp * sizeof(floatX);
         if (ds_bytes <= logits_bytes) m.flash_ds = m.acts.logits, m.flash_ds_bytes = logits_bytes;
         else m.flash_ds = m.flash_ds_memory = gpt_alloc<void>(m, ds_bytes, "flash attention dS"), m.flash_ds_bytes = ds_bytes;
     }
@@ -414,8 +415,8 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
 
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
-                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.flash_ds_memory, m.norm_squared, m.norm_partials, m.inputs,
-                                                m.targets, m.buckets, m.encoder_partials})
+                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.flash_ds_memory, m.norm_squared,
+                                                m.norm_partials, m.inputs, m.targets, m.buckets, m.encoder_partials})
         if (p) cuda_check(cudaFree(p));
     if (m.host_losses) cuda_check(cudaFreeHost(m.host_losses));
     blas_destroy();
