@@ -375,17 +375,25 @@ __global__ void backward_dot_plain_kernel(float* D, const bf16* dout, const bf16
     if (lane == 0) D[(size_t(b) * NH + h) * T + t] = sum;
 }
 
+// The stored dS (backward_dkdv_kernel<..., STORE_DS> writes, backward_dq_from_ds_kernel reads): square
+// tiles of kDsTile queries x kDsTile keys on and below the diagonal, kDsTileVecs uint4 each (see the
+// dk/dv kernel for the order inside a tile); tile (qt, kb), kb <= qt, of head (b, h) is number
+// ds_tile_index, n = ceil(T / kDsTile) query tiles per head.
+constexpr int kDsTile = 64, kDsTileVecs = (kDsTile / 16) * (kDsTile / 16) * 32;
+__host__ __device__ inline size_t ds_tile_index(int b, int h, int NH, int n, int qt, int kb) {
+    return (size_t(b) * NH + h) * (size_t(n) * (n + 1) / 2) + size_t(qt) * (qt + 1) / 2 + kb;
+}
+
 // dk, dv for BK = WARPS * MT * 16 keys (MT 16-key tiles per warp), streaming the query tiles (q, dO,
 // lse, D) of BQ rows that can see them. MT = 2 halves the shared-memory reads per MMA: every B
 // fragment (from q or dO) feeds both key tiles.
 //
-// STORE_DS (BK == BQ): also writes each dS tile, bf16, for backward_dq_from_ds_kernel, so that the dq
-// pass reads dS instead of recomputing q k^T, dO v^T and the softmax. The dq pass needs dS (query x
-// key) as an MMA A fragment, pairs of adjacent keys per register; this kernel holds dS^T, pairs of
-// adjacent queries. movmatrix transposes each 8x8 piece in registers, and each lane stores its
-// four pieces of a 16x16 block as one 16-byte vector: a tile is [query block][key block][lane] of
-// uint4 (8 KB), written and later read as whole 512-byte warp rows. Tile (qt, kb), kb <= qt, of
-// head (b, h) is number (b NH + h) n (n + 1) / 2 + qt (qt + 1) / 2 + kb, n = ceil(T / BQ).
+// STORE_DS (BK == BQ == kDsTile): also writes each dS tile, bf16, for backward_dq_from_ds_kernel, so
+// that the dq pass reads dS instead of recomputing q k^T, dO v^T and the softmax. The dq pass needs
+// dS (query x key) as an MMA A fragment, pairs of adjacent keys per register; this kernel holds dS^T,
+// pairs of adjacent queries. movmatrix transposes each 8x8 piece in registers, and each lane stores
+// its four pieces of a 16x16 block as one 16-byte vector: a tile is [query block][key block][lane]
+// of uint4 (8 KB), written and later read as whole 512-byte warp rows, at ds_tile_index.
 template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS, bool STORE_DS>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     backward_dkdv_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T,
@@ -412,9 +420,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     const int kblk0 = kb * BK, wk0 = kblk0 + warp * MT * 16;  // this warp's first key
     const int qt0 = kblk0 / BQ, n_qt = (T + BQ - 1) / BQ;
     const float sl2 = scale * kLog2e;
-    static_assert(!STORE_DS || BK == BQ, "dS tiles are square");
-    constexpr int TILE_VECS = (BQ / 16) * (BK / 16) * 32;  // uint4 per dS tile
-    uint4* ds_head = STORE_DS ? ds + (size_t(b) * NH + h) * (size_t(n_qt) * (n_qt + 1) / 2) * TILE_VECS : nullptr;
+    static_assert(!STORE_DS || (BK == kDsTile && BQ == kDsTile), "dS tiles are kDsTile x kDsTile");
 
     auto load_query_tile = [&](int qt, int st) {
         load_rows_async<HS, LD, THREADS>(sQ + st * BQ * LD, q_src, stride, qt * BQ, BQ, T);
@@ -536,7 +542,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
             if (STORE_DS) {  // pa[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
-                uint4* tile = ds_head + (size_t(qt) * (qt + 1) / 2 + kb) * TILE_VECS;
+                uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
                     tile[(kk * (BK / 16) + warp * MT + mt) * 32 + lane] =
@@ -712,16 +718,15 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         }
 }
 
-// dq for BQ = 64 queries (4 warps x 16) from the dS tiles backward_dkdv_kernel<..., STORE_DS> wrote:
+// dq for BQ = kDsTile queries (a warp per 16) from the dS tiles backward_dkdv_kernel<..., STORE_DS> wrote:
 // dq = scale sum_j dS_j k_j over the key tiles j <= this query tile, in order (deterministic). A warp
 // reads its A fragments straight from global memory (one coalesced 512-byte row per 16x16 block, the
 // next tile's prefetched into registers during this one's MMAs); k tiles are double-buffered in
 // shared memory. Bound by reading dS (8 KB per tile pair), not by arithmetic.
 template <int HS>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(kDsTile * 2)
     backward_dq_from_ds_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
-    constexpr int BQ = 64, BK = 64, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = 128;
-    constexpr int TILE_VECS = (BQ / 16) * KSTEPS * 32;
+    constexpr int BQ = kDsTile, BK = kDsTile, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = kDsTile * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // 2 x BK x LD
 
@@ -729,8 +734,8 @@ __global__ void __launch_bounds__(128)
     const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
     const size_t stride = 3 * size_t(C);
     const bf16* k_src = qkv + size_t(b) * T * stride + C + h * HS;
-    const uint4* frag = ds + ((size_t(b) * NH + h) * (size_t(n_qt) * (n_qt + 1) / 2) + size_t(qt) * (qt + 1) / 2) * TILE_VECS +
-                        warp * KSTEPS * 32 + lane;  // + j TILE_VECS + ks 32: tile j, key step ks
+    const uint4* frag = ds + ds_tile_index(b, h, NH, n_qt, qt, 0) * kDsTileVecs + warp * KSTEPS * 32 +
+                        lane;  // + j kDsTileVecs + ks 32: tile j, key step ks
 
     load_rows_async<HS, LD, THREADS>(sK, k_src, stride, 0, BK, T);
     cp_async_commit();
@@ -748,7 +753,7 @@ __global__ void __launch_bounds__(128)
             load_rows_async<HS, LD, THREADS>(sK + ((j + 1) & 1) * BK * LD, k_src, stride, (j + 1) * BK, BK, T);
             cp_async_commit();
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) next[ks] = frag[(j + 1) * TILE_VECS + ks * 32];
+            for (int ks = 0; ks < KSTEPS; ks++) next[ks] = frag[(j + 1) * kDsTileVecs + ks * 32];
         }
         const bf16* cK = sK + (j & 1) * BK * LD;
 #pragma unroll
@@ -792,12 +797,12 @@ void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int
 // 16-query tiles, key tiles of BK. KMIN / QMIN: blocks per SM each kernel's registers must allow
 // (__launch_bounds__; 1 leaves the compiler free). ds (nullptr: recompute): room for the dS tiles
 // (backward_ds_bytes); the key side stores them and backward_dq_from_ds_kernel replaces the query side
-// (configurations with 64-key blocks and 64-query tiles only).
+// (configurations with kDsTile-key blocks and kDsTile-query tiles only).
 template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN, int QMIN>
 void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
                      int T, int NH, cudaStream_t stream) {
     constexpr int BKB = WK * MK * 16;
-    constexpr bool kCanStore = BKB == 64 && BQ == 64;
+    constexpr bool kCanStore = BKB == kDsTile && BQ == kDsTile;
     if (ds && !kCanStore) fail("flash attention backward: this configuration cannot store dS tiles");
     launch_backward_dot<HS>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / sqrtf(float(HS));
@@ -812,8 +817,9 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
         cuda_check_launch();
     }
     if (ds) {
-        const size_t smem = size_t(2 * 64) * (HS + 8) * sizeof(bf16);
-        backward_dq_from_ds_kernel<HS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, qkv, T, NH, scale);
+        const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
+        backward_dq_from_ds_kernel<HS><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T,
+                                                                                                               NH, scale);
         cuda_check_launch();
     } else {
         constexpr int BQB = WQ * MQ * 16;
@@ -826,10 +832,10 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
     }
 }
 
-// Bytes of dS tiles (64 x 64 bf16, the causal ones) the dS-storing backward needs.
+// Bytes of dS tiles (kDsTile x kDsTile bf16, the causal ones) the dS-storing backward needs.
 inline size_t backward_ds_bytes(int B, int T, int NH) {
-    const size_t n = (size_t(T) + 63) / 64;
-    return size_t(B) * NH * (n * (n + 1) / 2) * 64 * 64 * sizeof(bf16);
+    const int n = (T + kDsTile - 1) / kDsTile;
+    return ds_tile_index(B, 0, NH, n, 0, 0) * kDsTileVecs * sizeof(uint4);
 }
 
 template <int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN = 1, int QMIN = 1>
