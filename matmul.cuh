@@ -49,6 +49,8 @@
 
 #include <map>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "common.cuh"
 
@@ -61,39 +63,56 @@ template <typename T> constexpr cudaDataType_t cuda_data_type();
 template <> constexpr cudaDataType_t cuda_data_type<float>() { return CUDA_R_32F; }
 template <> constexpr cudaDataType_t cuda_data_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 
+// Algorithms the heuristic is asked for per plan (the tuning's candidates), and timed runs of each.
+constexpr int kMatmulTuneCandidates = 16, kMatmulTuneReps = 5;
+
 // One set of handles per process, made by blas_init() before the first matmul.
 struct BlasContext {
     cublasHandle_t handle = nullptr;
     cublasLtHandle_t lt = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
-    void* ones_buffer = nullptr;                // a vector of ones of the storage type, for dbias
+    // Vectors of ones (fp32 and bf16, so one process can run both precisions, as the lab does), for dbias.
+    float* ones_f32 = nullptr;
+    __nv_bfloat16* ones_bf16 = nullptr;
     size_t ones_count = 0;
     // Matmuls asked to fuse GELU (forward or backward): how many ran in a cuBLASLt epilogue, how
     // many took the unfused path (no algorithm for the shape/alignment). Reported by the programs.
     size_t gelu_fused = 0, gelu_unfused = 0;
+    // Algorithm tuning (matmul_tune): on unless a program turns it off; plans tuned, and how many of
+    // them kept an algorithm other than the heuristic's first choice. hash: one device word for it.
+    bool tune = true;
+    size_t tuned_plans = 0, tuned_changed = 0;
+    unsigned long long* hash = nullptr;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
     return ctx;
 }
+template <typename T> const T* blas_ones();
+template <> inline const float* blas_ones<float>() { return blas().ones_f32; }
+template <> inline const __nv_bfloat16* blas_ones<__nv_bfloat16>() { return blas().ones_bf16; }
 
 template <typename T> __global__ void fill_ones_kernel(T* x, size_t n) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] = from_float<T>(1.0f);
 }
 
-// max_rows: the largest N any matmul_backward will see (sizes the ones vector).
-template <typename T> void blas_init(size_t max_rows) {
+// max_rows: the largest N any matmul_backward will see (sizes the ones vectors).
+inline void blas_init(size_t max_rows) {
     BlasContext& b = blas();
     cublas_check(cublasCreate(&b.handle));
     cublas_check(cublasSetMathMode(b.handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 inputs
     cublas_check(cublasLtCreate(&b.lt));
     b.workspace = device_malloc(b.workspace_bytes, "cuBLAS workspace");
     cublas_check(cublasSetWorkspace(b.handle, b.workspace, b.workspace_bytes));
+    b.hash = static_cast<unsigned long long*>(device_malloc(sizeof(unsigned long long), "matmul tuning hash"));
     b.ones_count = std::max<size_t>(max_rows, 1);
-    b.ones_buffer = device_malloc(b.ones_count * sizeof(T), "matmul ones vector");
-    fill_ones_kernel<T><<<256, 256>>>(static_cast<T*>(b.ones_buffer), b.ones_count);
+    b.ones_f32 = static_cast<float*>(device_malloc(b.ones_count * sizeof(float), "matmul ones vector"));
+    b.ones_bf16 = static_cast<__nv_bfloat16*>(device_malloc(b.ones_count * sizeof(__nv_bfloat16), "matmul ones vector"));
+    fill_ones_kernel<float><<<256, 256>>>(b.ones_f32, b.ones_count);
+    cuda_check_launch();
+    fill_ones_kernel<__nv_bfloat16><<<256, 256>>>(b.ones_bf16, b.ones_count);
     cuda_check_launch();
 }
 
@@ -102,7 +121,9 @@ inline void blas_destroy() {
     if (b.handle) cublas_check(cublasDestroy(b.handle));
     if (b.lt) cublas_check(cublasLtDestroy(b.lt));
     if (b.workspace) cuda_check(cudaFree(b.workspace));
-    if (b.ones_buffer) cuda_check(cudaFree(b.ones_buffer));
+    if (b.hash) cuda_check(cudaFree(b.hash));
+    if (b.ones_f32) cuda_check(cudaFree(b.ones_f32));
+    if (b.ones_bf16) cuda_check(cudaFree(b.ones_bf16));
     b = BlasContext();
 }
 
@@ -202,15 +223,16 @@ inline int pointer_alignment(const void* p) {
 //   dgelu: D *= gelu'(aux)                   (aux: the forward's pre-activation, an input).
 enum class MatmulEpilogue { plain, bias, gelu, dgelu };
 
-// A cuBLASLt plan for one shape, epilogue and set of alignments: descriptors and the heuristic's
-// algorithm, made once (the heuristic query costs tens of microseconds of CPU, every layer of every
-// step otherwise). has_algo = false: this case takes the plain cuBLAS path.
+// A cuBLASLt plan for one shape, epilogue and set of alignments: descriptors and the algorithm, made
+// once (the heuristic query costs tens of microseconds of CPU, every layer of every step otherwise).
+// has_algo = false: this case takes the plain cuBLAS path. tuned: the algorithm was chosen by timing.
 struct MatmulPlan {
-    bool made = false;
+    bool made = false, tuned = false;
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo;
     bool has_algo = false;
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's list, first choice first (until tuned)
 };
 
 // Column-major D (m, n) = op(A) B, op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
@@ -258,14 +280,87 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogu
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; i++)
         cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
-    cublasLtMatmulHeuristicResult_t heuristic;
+    cublasLtMatmulHeuristicResult_t heuristic[kMatmulTuneCandidates];
     int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &heuristic, &found) ==
-            CUBLAS_STATUS_SUCCESS &&
-        found > 0)
-        plan.algo = heuristic.algo, plan.has_algo = true;
+    if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kMatmulTuneCandidates,
+                                       heuristic, &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
+    if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
     cublas_check(cublasLtMatmulPreferenceDestroy(pref));
     return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tuning. cuBLASLt's first choice is often not its fastest kernel for our shapes (dev/cuda/matmul.cu
+// measures each: up to 7% slower on the LM head). So on a plan's first call every candidate runs on
+// that call's own operands, and the fastest one whose output (and auxiliary output) is bit for bit
+// the first choice's is kept. Kernels that sum K in the same order give the same bits whatever
+// their tiles and clusters (the lab shows it: all of split-K 1 agree); a candidate that differs
+// (split-K) is never kept. So the training is as deterministic as with the first choice alone, and
+// its losses are the same bits, whichever candidate timing noise favours. One-time cost per shape:
+// a few ms to ~1 s (the LM head), and host synchronisations on that first call only.
+
+// Order-independent 64-bit hash of n elements' bits (a sum of per-element mixes, mod 2^64: the
+// same bits give the same hash whatever the block order).
+__device__ __forceinline__ unsigned long long hash_mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+template <typename W> __global__ void hash_bits_kernel(unsigned long long* out, const W* x, size_t n) {
+    unsigned long long h = 0;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        h += hash_mix64((unsigned long long)x[i] ^ (i * 0x9e3779b97f4a7c15ull));
+    for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
+    if (threadIdx.x % 32 == 0) atomicAdd(out, h);
+}
+template <typename T> unsigned long long hash_bits(const T* x, size_t n, cudaStream_t stream) {
+    using W = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
+    BlasContext& b = blas();
+    cuda_check(cudaMemsetAsync(b.hash, 0, sizeof(unsigned long long), stream));
+    hash_bits_kernel<W><<<elementwise_blocks(n), 256, 0, stream>>>(b.hash, reinterpret_cast<const W*>(x), n);
+    cuda_check_launch();
+    unsigned long long h = 0;
+    cuda_check(cudaMemcpyAsync(&h, b.hash, sizeof(h), cudaMemcpyDeviceToHost, stream));
+    cuda_check(cudaStreamSynchronize(stream));
+    return h;
+}
+
+// run(algo) enqueues the plan's matmul with that algorithm and returns false if cuBLASLt refuses it.
+// D (m x n) and, for the gelu epilogue, aux are written by every run (beta = 0, so runs are idempotent);
+// the last run is the kept algorithm's, so they leave as a plain call would.
+template <typename T, typename Run>
+void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t elements, cudaStream_t stream) {
+    plan.tuned = true;
+    if (plan.candidates.size() < 2) return;
+    if (!run(plan.candidates[0])) return;  // the caller finds the refusal on its own call
+    const unsigned long long want = hash_bits(D, elements, stream), want_aux = aux_out ? hash_bits(aux_out, elements, stream) : 0;
+    cudaEvent_t start, stop;
+    cuda_check(cudaEventCreate(&start));
+    cuda_check(cudaEventCreate(&stop));
+    float best_ms = INFINITY;
+    size_t best = 0;
+    for (size_t i = 0; i < plan.candidates.size(); i++) {
+        if (!run(plan.candidates[i])) continue;  // warm-up, and the output to compare
+        if (hash_bits(D, elements, stream) != want || (aux_out && hash_bits(aux_out, elements, stream) != want_aux)) continue;
+        float ms[kMatmulTuneReps];
+        for (int r = 0; r < kMatmulTuneReps; r++) {
+            cuda_check(cudaEventRecord(start, stream));
+            run(plan.candidates[i]);
+            cuda_check(cudaEventRecord(stop, stream));
+            cuda_check(cudaEventSynchronize(stop));
+            cuda_check(cudaEventElapsedTime(&ms[r], start, stop));
+        }
+        std::sort(ms, ms + kMatmulTuneReps);
+        if (ms[kMatmulTuneReps / 2] < best_ms) best_ms = ms[kMatmulTuneReps / 2], best = i;
+    }
+    cuda_check(cudaEventDestroy(start));
+    cuda_check(cudaEventDestroy(stop));
+    plan.algo = plan.candidates[best];
+    plan.candidates.clear();
+    blas().tuned_plans++;
+    if (best != 0) blas().tuned_changed++;
 }
 
 // D = op(A) B with the epilogue, through cuBLASLt (beta = 0: D is overwritten). False when cuBLASLt
@@ -279,10 +374,15 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
     if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (aux) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     const float alpha = 1.0f, beta = 0.0f;
-    const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d,
-                                                 &plan.algo, b.workspace, b.workspace_bytes, stream);
-    if (status == CUBLAS_STATUS_SUCCESS) return true;
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D,
+                                                     plan.d, &algo, b.workspace, b.workspace_bytes, stream);
+        if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
+        return status == CUBLAS_STATUS_SUCCESS;
+    };
+    if (!plan.tuned && b.tune)
+        matmul_tune<T>(plan, run, D, ep == MatmulEpilogue::gelu ? aux : nullptr, size_t(m) * n, stream);
+    if (run(plan.algo)) return true;
     plan.has_algo = false;  // this case is not for cuBLASLt: the plain path from now on
     return false;
 }
@@ -312,12 +412,10 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      const T* pre_gelu = nullptr, cudaStream_t stream = 0) {
     BlasContext& b = blas();
     if (dinp) {
-        bool fused = false;
-        if (pre_gelu) {
-            fused = matmul_lt<T>(CUBLAS_OP_N, C, N, OC, MatmulEpilogue::dgelu, weight, dout, dinp, (const T*)nullptr,
-                                 pre_gelu, stream);
-            (fused ? b.gelu_fused : b.gelu_unfused)++;
-        }
+        // Through cuBLASLt (tuned; with pre_gelu, GELU' in the epilogue), else plain cuBLAS.
+        const MatmulEpilogue ep = pre_gelu ? MatmulEpilogue::dgelu : MatmulEpilogue::plain;
+        const bool fused = matmul_lt<T>(CUBLAS_OP_N, C, N, OC, ep, weight, dout, dinp, (const T*)nullptr, pre_gelu, stream);
+        if (pre_gelu) (fused ? b.gelu_fused : b.gelu_unfused)++;
         if (!fused) {
             gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, stream);
             if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, stream);
@@ -326,7 +424,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
     gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
     if (dbias) {
         if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
-        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, static_cast<const T*>(b.ones_buffer), N, 1.0f, dbias,
+        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias,
                 OC, stream);
     }
 }

@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
     for (int v = 1; v <= kNumVersions; v++) all.push_back(v);
     const bool gpu = cuda_device_available();
     TestCounter tests;
-    if (gpu) blas_init<float>(1);
+    if (gpu) blas_init(1);
     auto determinism = [&] {
         for (const AttnShape& s : {AttnShape{2, 3, 1000, 64}, AttnShape{1, 2, 77, 13}}) {
             char name[96];

@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
     for (int v = 1; v <= kNumVersions; v++) all.push_back(v);
     const bool gpu = cuda_device_available();
     TestCounter tests;
-    if (gpu) blas_init<float>(1);
+    if (gpu) blas_init(1);
     if (check) {
         check_all(tests, gpu, all);  // CI: everything, whatever versions were named
         return tests.finish();

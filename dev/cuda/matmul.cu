@@ -1,0 +1,562 @@
+// matmul.cu: the linear-layer laboratory (matmul.cuh). The training step's matmuls are cuBLAS's, so
+// the question here is not how to write a GEMM but which of cuBLAS's kernels each of our shapes
+// should run, and which passes over memory the epilogues can take away.
+//
+//   make dev/cuda/matmul
+//   ./dev/cuda/matmul            validate, then benchmark every GEMM of a d12 step (bf16, N = 65536 rows)
+//   ./dev/cuda/matmul --check    validation only (what CI runs; skips without a GPU)
+//   ./dev/cuda/matmul -h         the usage (--rows, --algos)
+//
+// The layer is out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias, and its backward
+//   dinp (N, C) = dout (N, OC) @ weight          (times gelu'(pre) for the fcproj layer)
+//   dweight (OC, C) += dout^T @ inp,  dbias (OC) += column sums of dout.
+//
+// Versions (every one validated against a double-precision CPU reference):
+//   1  plain cuBLAS (cublasGemmEx) and separate kernels for bias, GELU and its backward, dbias a
+//     matrix-vector product with a vector of ones: matmul.cuh's fallback path, taken for shapes
+//     cuBLASLt has no algorithm for.
+//   2  the header as training calls it (matmul_forward, matmul_backward).
+//   3  every algorithm cuBLASLt's heuristic offers for the shape (up to --algos of them, in its order),
+//     each run on its own: how much the heuristic's first choice leaves on the table, and whether
+//     the faster ones give the same bits (determinism).
+//
+// Benchmark: the GEMMs of one GPT-2 124M step at N = B*T rows, timed alone (median of 20 runs after
+// 3 warm-ups; every operand larger than L2 except the weights), in TFLOP/s (2 N C OC per GEMM) next
+// to an 8192^3 GEMM measured in the same run (the rate this GPU's cuBLAS reaches on an easy shape).
+
+#include <string>
+
+#include "common.cuh"
+#include "dev/lab.cuh"
+#include "matmul.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// CPU reference, in double, from the same storage-type inputs the GPU reads.
+
+double gelu_ref(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double gelu_grad_ref(double x) {
+    const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x), th = std::tanh(u);
+    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version 3: one cuBLASLt problem, every algorithm the heuristic returns.
+
+struct LtProblem {
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    int m = 0, n = 0, k = 0;  // column-major D (m, n) = op(A) op(B), A/B/D leading dimensions their row counts
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    float beta = 0.0f;
+    const void *A = nullptr, *B = nullptr, *bias = nullptr, *aux = nullptr;
+    void* D = nullptr;
+    void* bgrad = nullptr;  // a bias-gradient epilogue's output (BGRADB, DGELU_BGRAD), written
+    bool bgrad_fp32 = false;  // as fp32 (else the storage type)
+};
+
+struct LtSetup {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    std::vector<cublasLtMatmulHeuristicResult_t> algos;
+    ~LtSetup() {
+        if (desc) cublasLtMatmulDescDestroy(desc);
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (d) cublasLtMatrixLayoutDestroy(d);
+    }
+};
+
+template <typename T> void lt_setup(LtSetup& s, const LtProblem& p, int max_algos) {
+    const cudaDataType_t type = cuda_data_type<T>();
+    cublas_check(cublasLtMatmulDescCreate(&s.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_TRANSA, &p.ta, sizeof(p.ta)));
+    cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_TRANSB, &p.tb, sizeof(p.tb)));
+    cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof(p.epilogue)));
+    if (p.bias) cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+    if (p.bgrad) {
+        const cudaDataType_t f32 = CUDA_R_32F;
+        cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bgrad, sizeof(p.bgrad)));
+        if (p.bgrad_fp32)
+            cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32, sizeof(f32)));
+    }
+    if (p.aux) {
+        const int64_t ld = p.m;
+        cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
+        cublas_check(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    }
+    if (p.ta == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&s.a, type, p.k, p.m, p.k));
+    else cublas_check(cublasLtMatrixLayoutCreate(&s.a, type, p.m, p.k, p.m));
+    if (p.tb == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&s.b, type, p.n, p.k, p.n));
+    else cublas_check(cublasLtMatrixLayoutCreate(&s.b, type, p.k, p.n, p.k));
+    cublas_check(cublasLtMatrixLayoutCreate(&s.d, type, p.m, p.n, p.m));
+    cublasLtMatmulPreference_t pref;
+    cublas_check(cublasLtMatmulPreferenceCreate(&pref));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &blas().workspace_bytes,
+                                                      sizeof(blas().workspace_bytes)));
+    s.algos.resize(max_algos);
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(blas().lt, s.desc, s.a, s.b, s.d, s.d, pref, max_algos, s.algos.data(), &found) !=
+        CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    s.algos.resize(found);
+    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
+}
+
+// False when cuBLASLt refuses this algorithm at run time (it may, for some it listed).
+inline bool lt_run(const LtSetup& s, const LtProblem& p, int i) {
+    const float alpha = 1.0f;
+    const cublasStatus_t st = cublasLtMatmul(blas().lt, s.desc, &alpha, p.A, s.a, p.B, s.b, &p.beta, p.D, s.d, p.D, s.d,
+                                             &s.algos[i].algo, blas().workspace, blas().workspace_bytes, 0);
+    if (st == CUBLAS_STATUS_SUCCESS) return true;
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(st);
+    return false;
+}
+
+// What an algorithm is, in cuBLASLt's own words (its configuration attributes).
+inline std::string algo_name(const cublasLtMatmulAlgo_t& algo) {
+    int id = 0, tile = 0, stages = 0, splitk = 0, reduction = 0, swizzle = 0, custom = 0;
+    uint16_t cluster = 0;
+    size_t w = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction, sizeof(reduction), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
+    char buf[128];
+    snprintf(buf, sizeof(buf), "id %d tile %d stages %d splitk %d red %d swz %d cust %d cluster %d", id, tile, stages,
+             splitk, reduction, swizzle, custom, (int)cluster);
+    return buf;
+}
+
+// Elements of a and b (n each, as raw 16- or 32-bit words) that differ bitwise.
+template <typename W> __global__ void count_diff_kernel(unsigned long long* count, const W* a, const W* b, size_t n) {
+    unsigned long long c = 0;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) c += a[i] != b[i];
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    if (threadIdx.x % 32 == 0 && c) atomicAdd(count, c);
+}
+
+template <typename T> size_t count_bit_differences(const T* a, const T* b, size_t n) {
+    using W = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
+    unsigned long long* d = static_cast<unsigned long long*>(device_malloc(sizeof(unsigned long long), "diff count"));
+    cuda_check(cudaMemset(d, 0, sizeof(*d)));
+    count_diff_kernel<W><<<1024, 256>>>(d, reinterpret_cast<const W*>(a), reinterpret_cast<const W*>(b), n);
+    cuda_check_launch();
+    unsigned long long h = 0;
+    cuda_check(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
+    cuda_check(cudaFree(d));
+    return (size_t)h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation at small shapes: every version against the CPU reference.
+//
+// Bounds, per element: |got - ref| <= atol + rtol (|ref| + |inner|), rtol = 2^-8 in bf16, 1e-6 in fp32.
+//   - The inputs are storage-type values read exactly by both sides; products accumulate in fp32, at
+//     most ~K 2^-24 sum|a b| of error (atol allows 4x that).
+//   - A bf16 result is rounded once (2^-9 |ref|), and some paths round an intermediate too: the
+//     unfused bias (the GEMM's result, then the sum), the += of dweight (cuBLAS rounds the product
+//     to bf16 before adding the old value: seen on the H100, not documented) and the unfused GELU
+//     (the pre-activation). `inner` is that intermediate's magnitude, so rtol covers both roundings.
+//   - cuBLASLt evaluates GELU and GELU' in its epilogues with a fast tanh (NVIDIA documents no
+//     accuracy; we measured gelu' off by ~1e-4 absolute): the epilogue paths get 2^-10 |x| (GELU)
+//     and 2^-10 |dout @ W| (GELU') more. The unfused kernels use tanhf.
+
+struct Shape {
+    int N, C, OC;
+};
+
+template <typename T> double rtol_for() { return sizeof(T) == 2 ? 1.0 / 256 : 1e-6; }
+
+// Per-element bound for a sum of K products whose absolute values sum to `mag`.
+template <typename T> double accumulation_atol(int K, double mag) { return 4.0 * K * std::ldexp(1.0, -24) * mag + 1e-7; }
+
+template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape& sh, bool with_gelu, Rng& rng) {
+    const int N = sh.N, C = sh.C, OC = sh.OC;
+    const char* dtype = sizeof(T) == 2 ? "bf16" : "fp32";
+    char what[160];
+    snprintf(what, sizeof(what), "%s N=%d C=%d OC=%d%s", dtype, N, C, OC, with_gelu ? " gelu" : "");
+    if (!gpu) {
+        tests.skip(what);
+        return;
+    }
+    std::vector<T> inp(size_t(N) * C), weight(size_t(OC) * C), bias(OC), dout(size_t(N) * OC), pre(size_t(N) * C),
+        dweight0(size_t(OC) * C), dbias0(OC);
+    fill_uniform(inp, -1.0f, 1.0f, rng);
+    fill_uniform(weight, -0.5f, 0.5f, rng);
+    fill_uniform(bias, -1.0f, 1.0f, rng);
+    fill_uniform(dout, -1.0f, 1.0f, rng);
+    fill_uniform(pre, -4.0f, 4.0f, rng);  // the forward pre-activation for the dgelu backward (tails included)
+    fill_uniform(dweight0, -1.0f, 1.0f, rng);
+    fill_uniform(dbias0, -1.0f, 1.0f, rng);
+
+    // Reference. Forward: y = inp W^T + b (and gelu(y) for with_gelu). Backward: dinp = dout W
+    // (times gelu'(pre) for with_gelu), dweight = dweight0 + dout^T inp, dbias = dbias0 + colsum(dout).
+    const double rtol = rtol_for<T>(), epilogue_gelu = std::ldexp(1.0, -10);
+    std::vector<double> y(size_t(N) * OC), y_tol(size_t(N) * OC), g(size_t(N) * OC), g_tol(size_t(N) * OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0.0, mag = 0.0;
+            for (int c = 0; c < C; c++) {
+                const double p = to_double(inp[size_t(n) * C + c]) * to_double(weight[size_t(o) * C + c]);
+                s += p, mag += std::fabs(p);
+            }
+            const size_t i = size_t(n) * OC + o;
+            const double x = s + to_double(bias[o]);
+            y[i] = x, y_tol[i] = accumulation_atol<T>(C, mag) + rtol * std::fabs(s);
+            // GELU of a pre-activation off by up to y_tol + rtol |x| (the unfused path's rounding): |gelu'| <= 1.13.
+            g[i] = gelu_ref(x), g_tol[i] = 1.13 * (y_tol[i] + rtol * std::fabs(x)) + epilogue_gelu * std::fabs(x);
+        }
+    std::vector<double> dinp(size_t(N) * C), dinp_tol(size_t(N) * C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0, mag = 0.0;
+            for (int o = 0; o < OC; o++) {
+                const double p = to_double(dout[size_t(n) * OC + o]) * to_double(weight[size_t(o) * C + c]);
+                s += p, mag += std::fabs(p);
+            }
+            const size_t i = size_t(n) * C + c;
+            const double gg = with_gelu ? gelu_grad_ref(to_double(pre[i])) : 1.0;
+            dinp[i] = s * gg, dinp_tol[i] = accumulation_atol<T>(OC, mag) * 1.13 + rtol * std::fabs(s) +
+                                             (with_gelu ? epilogue_gelu * std::fabs(s) : 0.0);
+        }
+    std::vector<double> dw(size_t(OC) * C), dw_tol(size_t(OC) * C), db(OC), db_tol(OC);
+    for (int o = 0; o < OC; o++) {
+        for (int c = 0; c < C; c++) {
+            double s = 0.0, mag = 0.0;
+            for (int n = 0; n < N; n++) {
+                const double p = to_double(dout[size_t(n) * OC + o]) * to_double(inp[size_t(n) * C + c]);
+                s += p, mag += std::fabs(p);
+            }
+            const size_t i = size_t(o) * C + c;
+            dw[i] = to_double(dweight0[i]) + s, dw_tol[i] = accumulation_atol<T>(N, mag) + rtol * std::fabs(s);
+        }
+        double s = 0.0, mag = 0.0;
+        for (int n = 0; n < N; n++) s += to_double(dout[size_t(n) * OC + o]), mag += std::fabs(to_double(dout[size_t(n) * OC + o]));
+        db[o] = to_double(dbias0[o]) + s, db_tol[o] = accumulation_atol<T>(N, mag) + rtol * std::fabs(s);
+    }
+
+    // Buffers, outputs poisoned with NaN before every run.
+    DeviceBuffer<T> d_inp(inp.size(), "inp"), d_w(weight.size(), "weight"), d_b(bias.size(), "bias"),
+        d_dout(dout.size(), "dout"), d_pre(pre.size(), "pre"), d_out(size_t(N) * OC, "out"), d_aux(size_t(N) * OC, "aux"),
+        d_dinp(size_t(N) * C, "dinp"), d_dw(dweight0.size(), "dweight"), d_db(OC, "dbias");
+    d_inp.upload(inp), d_w.upload(weight), d_b.upload(bias), d_dout.upload(dout), d_pre.upload(pre);
+
+    auto check_vec = [&](const char* label, int version, const std::vector<T>& got, const std::vector<double>& ref,
+                         const std::vector<double>& atol) {
+        bool ok = true;
+        size_t bad = 0, worst = 0;
+        double worst_ratio = 0.0;
+        for (size_t i = 0; i < ref.size(); i++) {
+            const double gv = to_double(got[i]), bound = atol[i] + rtol * std::fabs(ref[i]);
+            const double err = std::fabs(gv - ref[i]);
+            if (!std::isfinite(gv) || err > bound) ok = false, bad++;
+            const double ratio = std::isfinite(gv) ? err / bound : 1e300;
+            if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+        }
+        printf("  v%d %-8s %-34s %s worst err/bound %.3f at [%zu] (%zu/%zu bad)\n", version, label, what, ok ? "ok  " : "FAIL",
+               worst_ratio, worst, bad, ref.size());
+        tests.record(ok);
+    };
+
+    BlasContext& b = blas();
+    for (int version = 1; version <= 2; version++) {
+        // Forward (with GELU: out = gelu(y), aux = y).
+        d_out.poison(), d_aux.poison();
+        if (version == 1) {
+            T* pre_out = with_gelu ? d_aux.ptr : d_out.ptr;
+            gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, d_w.ptr, C, d_inp.ptr, C, 0.0f, pre_out, OC, 0);
+            add_bias_kernel<T><<<64, 256>>>(pre_out, d_b.ptr, size_t(N), OC);
+            cuda_check_launch();
+            if (with_gelu) gelu_forward(d_out.ptr, d_aux.ptr, size_t(N) * OC);
+        } else {
+            matmul_forward(d_out.ptr, d_inp.ptr, d_w.ptr, d_b.ptr, N, C, OC, with_gelu ? d_aux.ptr : nullptr);
+        }
+        cuda_check(cudaDeviceSynchronize());
+        if (with_gelu) {
+            check_vec("fwd aux", version, d_aux.download(), y, y_tol);
+            check_vec("fwd gelu", version, d_out.download(), g, g_tol);
+        } else {
+            check_vec("fwd", version, d_out.download(), y, y_tol);
+        }
+        // Backward (with GELU: dinp times gelu'(pre)), from non-zero dweight / dbias (the += contract).
+        d_dinp.poison();
+        d_dw.upload(dweight0), d_db.upload(dbias0);
+        if (version == 1) {
+            gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, d_w.ptr, C, d_dout.ptr, OC, 0.0f, d_dinp.ptr, C, 0);
+            if (with_gelu) gelu_backward_inplace(d_dinp.ptr, d_pre.ptr, size_t(N) * C);
+            gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, d_inp.ptr, C, d_dout.ptr, OC, 1.0f, d_dw.ptr, C, 0);
+            gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, d_dout.ptr, OC, blas_ones<T>(), N, 1.0f,
+                    d_db.ptr, OC, 0);
+        } else {
+            matmul_backward(d_dinp.ptr, d_dw.ptr, d_db.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, N, C, OC,
+                            with_gelu ? d_pre.ptr : nullptr);
+        }
+        cuda_check(cudaDeviceSynchronize());
+        check_vec("dinp", version, d_dinp.download(), dinp, dinp_tol);
+        check_vec("dweight", version, d_dw.download(), dw, dw_tol);
+        check_vec("dbias", version, d_db.download(), db, db_tol);
+    }
+
+    // Version 3: every algorithm the heuristic offers for the forward and the two backward GEMMs.
+    if (sizeof(T) != 2) return;  // training's matmuls that matter are bf16; fp32 runs the header's choice
+    const T* null_t = nullptr;
+    (void)null_t;
+    struct Case {
+        const char* label;
+        LtProblem p;
+        const std::vector<double>* ref;
+        const std::vector<double>* tol;
+        DeviceBuffer<T>* out;
+        const std::vector<T>* init;
+    };
+    std::vector<Case> cases;
+    LtProblem fwd;
+    fwd.ta = CUBLAS_OP_T, fwd.m = OC, fwd.n = N, fwd.k = C, fwd.A = d_w.ptr, fwd.B = d_inp.ptr, fwd.D = d_out.ptr;
+    fwd.epilogue = CUBLASLT_EPILOGUE_BIAS, fwd.bias = d_b.ptr;
+    if (!with_gelu) cases.push_back({"fwd", fwd, &y, &y_tol, &d_out, nullptr});
+    LtProblem dx;
+    dx.m = C, dx.n = N, dx.k = OC, dx.A = d_w.ptr, dx.B = d_dout.ptr, dx.D = d_dinp.ptr;
+    if (with_gelu && C % 8 == 0) dx.epilogue = CUBLASLT_EPILOGUE_DGELU, dx.aux = d_pre.ptr;
+    if (!with_gelu || C % 8 == 0) cases.push_back({"dinp", dx, &dinp, &dinp_tol, &d_dinp, nullptr});
+    LtProblem dwp;
+    dwp.tb = CUBLAS_OP_T, dwp.m = C, dwp.n = OC, dwp.k = N, dwp.A = d_inp.ptr, dwp.B = d_dout.ptr, dwp.D = d_dw.ptr;
+    dwp.beta = 1.0f;
+    cases.push_back({"dweight", dwp, &dw, &dw_tol, &d_dw, &dweight0});
+    for (Case& cs : cases) {
+        LtSetup s;
+        lt_setup<T>(s, cs.p, 32);
+        int ran = 0;
+        for (int i = 0; i < (int)s.algos.size(); i++) {
+            cs.out->poison();
+            if (cs.init) cs.out->upload(*cs.init);
+            if (!lt_run(s, cs.p, i)) continue;
+            cuda_check(cudaDeviceSynchronize());
+            char label[32];
+            snprintf(label, sizeof(label), "%s#%d", cs.label, i);
+            check_vec(label, 3, cs.out->download(), *cs.ref, *cs.tol);
+            ran++;
+        }
+        if (ran == 0) printf("  v3 %-8s %-34s no cuBLASLt algorithm for this shape\n", cs.label, what);
+    }
+}
+
+void check_all(TestCounter& tests, bool gpu) {
+    Rng rng(1234);
+    const Shape shapes[] = {{1, 768, 2304}, {37, 64, 192}, {300, 40, 24}, {5, 13, 7}, {130, 768, 768}, {64, 96, 384},
+                            {513, 128, 50}};
+    for (const Shape& sh : shapes) {
+        check_shape<float>(tests, gpu, sh, false, rng);
+        check_shape<__nv_bfloat16>(tests, gpu, sh, false, rng);
+        check_shape<float>(tests, gpu, sh, true, rng);
+        check_shape<__nv_bfloat16>(tests, gpu, sh, true, rng);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark.
+
+using bf16 = __nv_bfloat16;
+
+struct Layer {
+    const char* name;
+    int C, OC;
+    bool bias, gelu_fwd, dgelu_bwd;
+};
+
+void benchmark(int N, int max_algos) {
+    const int C = 768, Vp = 50304;
+    const Layer layers[] = {{"qkv", C, 3 * C, true, false, false},
+                            {"attproj", C, C, true, false, false},
+                            {"fc", C, 4 * C, true, true, false},
+                            {"fcproj", 4 * C, C, true, false, true},
+                            {"lmhead", C, Vp, false, false, false}};
+    // One set of buffers big enough for every layer.
+    const size_t max_in = size_t(N) * 4 * C, max_out = size_t(N) * Vp;
+    DeviceBuffer<bf16> inp(max_in, "inp"), dout(max_out, "dout"), out(max_out, "out"), out2(max_out, "out copy"),
+        aux(size_t(N) * 4 * C, "aux"), w(size_t(Vp) * C, "weight"), dw(size_t(Vp) * C, "dweight"),
+        dw_init(size_t(Vp) * C, "dweight init"), b(Vp, "bias"), db(Vp, "dbias");
+    DeviceBuffer<float> bgrad(Vp, "bias gradient fp32");
+    {
+        Rng rng(7);
+        std::vector<bf16> h(max_in);
+        fill_uniform(h, -1.0f, 1.0f, rng);
+        inp.upload(h);
+        h.assign(max_out, from_float<bf16>(0.0f));
+        fill_uniform(h, -0.01f, 0.01f, rng);
+        dout.upload(h);
+        h.assign(size_t(N) * 4 * C, from_float<bf16>(0.0f));
+        fill_uniform(h, -3.0f, 3.0f, rng);
+        aux.upload(h);
+        h.assign(size_t(Vp) * C, from_float<bf16>(0.0f));
+        fill_uniform(h, -0.05f, 0.05f, rng);
+        w.upload(h);
+        fill_uniform(h, -0.01f, 0.01f, rng);
+        dw_init.upload(h);
+        h.assign(Vp, from_float<bf16>(0.0f));
+        fill_uniform(h, -0.1f, 0.1f, rng);
+        b.upload(h), db.upload(h);
+    }
+    cuda_check(cudaMemcpy(dw.ptr, dw_init.ptr, dw.n * sizeof(bf16), cudaMemcpyDeviceToDevice));
+
+    // The reference rate: an easy large GEMM through the header (cuBLASLt's first choice).
+    double peak_tflops = 0.0;
+    {
+        const int S = 8192;
+        DeviceBuffer<bf16> a(size_t(S) * S, "peak A"), bb(size_t(S) * S, "peak B"), c(size_t(S) * S, "peak C");
+        cuda_check(cudaMemset(a.ptr, 0, a.n * 2)), cuda_check(cudaMemset(bb.ptr, 0, bb.n * 2));
+        const float ms = time_median_ms([&] { matmul_forward(c.ptr, a.ptr, bb.ptr, (const bf16*)nullptr, S, S, S); }, 3, 20);
+        peak_tflops = 2.0 * S * S * double(S) / (ms * 1e-3) / 1e12;
+        printf("reference: 8192^3 bf16 GEMM %.3f ms = %.1f TFLOP/s\n", ms, peak_tflops);
+    }
+    printf("\nmatmul benchmark, bf16, N = %d rows (median of 20 runs after 3 warm-ups), TFLOP/s and %% of the 8192^3 rate\n", N);
+    printf("%-8s %-8s %-26s %9s %8s %s\n", "layer", "GEMM", "version", "ms", "TFLOP/s", "");
+    double total_header = 0.0, total_best = 0.0;
+    auto report = [&](const char* layer, const char* gemm_name, const std::string& version, float ms, double flops, const char* extra) {
+        const double tf = flops / (ms * 1e-3) / 1e12;
+        printf("%-8s %-8s %-26s %9.4f %8.1f %5.1f%% %s\n", layer, gemm_name, version.c_str(), ms, tf, 100.0 * tf / peak_tflops, extra);
+    };
+    for (const Layer& L : layers) {
+        const double flops = 2.0 * N * double(L.C) * L.OC;
+        const bf16* bias = L.bias ? b.ptr : nullptr;
+        // Header.
+        const float f_ms = time_median_ms([&] { matmul_forward(out.ptr, inp.ptr, w.ptr, bias, N, L.C, L.OC, L.gelu_fwd ? aux.ptr : nullptr); }, 3, 20);
+        report(L.name, "fwd", "2 header", f_ms, flops, "");
+        const float x_ms = time_median_ms([&] {  // matmul_backward's dinp (tuned on its first call, in the warm-up)
+            matmul_lt<bf16>(CUBLAS_OP_N, L.C, N, L.OC, L.dgelu_bwd ? MatmulEpilogue::dgelu : MatmulEpilogue::plain, w.ptr,
+                            dout.ptr, out.ptr, nullptr, L.dgelu_bwd ? aux.ptr : nullptr, 0);
+        }, 3, 20);
+        report(L.name, "dinp", "2 header", x_ms, flops, "");
+        const float w_ms = time_median_ms([&] {
+            gemm<bf16>(CUBLAS_OP_N, CUBLAS_OP_T, L.C, L.OC, N, 1.0f, inp.ptr, L.C, dout.ptr, L.OC, 1.0f, dw.ptr, L.C, 0);
+        }, 3, 20);
+        report(L.name, "dweight", "2 header", w_ms, flops, "");
+        float b_ms = 0.0f;
+        if (L.bias) {
+            b_ms = time_median_ms([&] {
+                gemm<bf16>(CUBLAS_OP_N, CUBLAS_OP_N, L.OC, 1, N, 1.0f, dout.ptr, L.OC, blas_ones<bf16>(),
+                           N, 1.0f, db.ptr, L.OC, 0);
+            }, 3, 20);
+            const double gbs = double(N) * L.OC * 2 / (b_ms * 1e-3) / 1e9;
+            printf("%-8s %-8s %-26s %9.4f  (%.0f GB/s)\n", L.name, "dbias", "2 header (gemv)", b_ms, gbs);
+        }
+        total_header += 12.0 * (f_ms + x_ms + w_ms + b_ms) / (L.OC == Vp ? 12.0 : 1.0);
+
+        // Version 3 for each GEMM, and the bias-gradient epilogues (dbias fused into dweight's GEMM, or
+        // the fc layer's dbias into fcproj's dinp with GELU').
+        float best_g[3] = {f_ms, x_ms, w_ms};
+        for (int g = 0; g < 6; g++) {
+            LtProblem p;
+            const char* gname = "";
+            size_t out_n = 0;
+            if (g == 0) {
+                gname = "fwd";
+                p.ta = CUBLAS_OP_T, p.m = L.OC, p.n = N, p.k = L.C, p.A = w.ptr, p.B = inp.ptr, p.D = out.ptr;
+                if (L.gelu_fwd) p.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, p.aux = aux.ptr, p.bias = b.ptr;
+                else if (L.bias) p.epilogue = CUBLASLT_EPILOGUE_BIAS, p.bias = b.ptr;
+                out_n = size_t(N) * L.OC;
+            } else if (g == 1) {
+                gname = "dinp";
+                p.m = L.C, p.n = N, p.k = L.OC, p.A = w.ptr, p.B = dout.ptr, p.D = out.ptr;
+                if (L.dgelu_bwd) p.epilogue = CUBLASLT_EPILOGUE_DGELU, p.aux = aux.ptr;
+                out_n = size_t(N) * L.C;
+            } else if (g == 5) {
+                gname = "dinp+bgr";
+                if (!L.dgelu_bwd) continue;
+                p.m = L.C, p.n = N, p.k = L.OC, p.A = w.ptr, p.B = dout.ptr, p.D = out.ptr;
+                p.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD, p.aux = aux.ptr, p.bgrad = db.ptr;
+                out_n = size_t(N) * L.C;
+            } else {
+                gname = g == 2 ? "dweight" : g == 3 ? "dw+db16" : "dw+db32";
+                if (g >= 3 && !L.bias) continue;
+                p.tb = CUBLAS_OP_T, p.m = L.C, p.n = L.OC, p.k = N, p.A = inp.ptr, p.B = dout.ptr, p.D = dw.ptr, p.beta = 1.0f;
+                if (g >= 3) p.epilogue = CUBLASLT_EPILOGUE_BGRADB, p.bgrad = g == 3 ? (void*)db.ptr : (void*)bgrad.ptr;
+                p.bgrad_fp32 = g == 4;
+                out_n = size_t(L.C) * L.OC;
+            }
+            LtSetup s;
+            lt_setup<bf16>(s, p, max_algos);
+            if (s.algos.empty()) {
+                printf("%-8s %-8s 3: no cuBLASLt algorithm\n", L.name, gname);
+                continue;
+            }
+            // The first algorithm's output, for the bit comparison (dweight from the same start).
+            auto reset = [&] { if (p.beta != 0.0f) cuda_check(cudaMemcpy(dw.ptr, dw_init.ptr, out_n * 2, cudaMemcpyDeviceToDevice)); };
+            reset();
+            bool first_ok = lt_run(s, p, 0);
+            cuda_check(cudaMemcpy(out2.ptr, p.D, out_n * 2, cudaMemcpyDeviceToDevice));
+            float best = 1e30f;
+            int best_i = -1;
+            for (int i = 0; i < (int)s.algos.size(); i++) {
+                reset();
+                if (!lt_run(s, p, i)) {
+                    printf("%-8s %-8s 3 #%-2d refused at run time\n", L.name, gname, i);
+                    continue;
+                }
+                const size_t diff = first_ok ? count_bit_differences(static_cast<const bf16*>(p.D), out2.ptr, out_n) : out_n;
+                const float ms = time_median_ms([&] { lt_run(s, p, i); }, 3, 20);
+                char extra[200];
+                snprintf(extra, sizeof(extra), "%s | %s", diff == 0 ? "same bits as #0" : "bits differ from #0",
+                         algo_name(s.algos[i].algo).c_str());
+                report(L.name, gname, "3 #" + std::to_string(i), ms, flops, extra);
+                if (ms < best) best = ms, best_i = i;
+            }
+            reset();
+            printf("%-8s %-8s best #%d %.4f ms\n", L.name, gname, best_i, best);
+            if (g < 3) best_g[g] = std::min(best_g[g], best);
+        }
+        total_best += 12.0 * (best_g[0] + best_g[1] + best_g[2] + b_ms) / (L.OC == Vp ? 12.0 : 1.0);
+    }
+    printf("\nper step (12 layers + LM head, dbias as the header's): header %.2f ms, best of header and version 3 per GEMM "
+           "%.2f ms\n", total_header, total_best);
+    printf("matmul tuning: %zu plans tuned, %zu kept an algorithm other than the heuristic's first\n", blas().tuned_plans,
+           blas().tuned_changed);
+}
+
+void usage(FILE* f) {
+    fprintf(f,
+            "usage: matmul [--check] [--force] [--rows N] [--algos K]\n"
+            "  --check    validate every version at small shapes (no benchmark)\n"
+            "  --force    benchmark even when validation failed (it says so)\n"
+            "  --rows N   rows of the benchmark's activations (default 65536 = B 64 x T 1024)\n"
+            "  --algos K  cuBLASLt algorithms asked of the heuristic per GEMM (default 16)\n");
+}
+
+int main(int argc, char** argv) {
+    bool check = false, force = false;
+    int rows = 65536, algos = 16;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        auto value = [&] { return flag_value(argc, argv, i, usage); };
+        if (a == "-h" || a == "--help") {
+            usage(stdout);
+            return 0;
+        } else if (a == "--check") {
+            check = true;
+        } else if (a == "--force") {
+            force = true;
+        } else if (a == "--rows") {
+            rows = parse_int(value(), "--rows", 1, usage);
+        } else if (a == "--algos") {
+            algos = parse_int(value(), "--algos", 1, usage);
+        } else {
+            usage(stderr);
+            fail("unknown flag '%s'", a.c_str());
+        }
+    }
+    const bool gpu = cuda_device_available();
+    if (!check && !gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
+    TestCounter tests;
+    if (gpu) blas_init(size_t(std::max(rows, 1024)));
+    check_all(tests, gpu);
+    if (check) return tests.finish();
+    if (tests.failed && !force) {
+        tests.finish();
+        fail("validation failed: no benchmark (--force benchmarks anyway)");
+    }
+    if (tests.failed) printf("VALIDATION FAILED (%d): benchmarking anyway (--force)\n", tests.failed);
+    benchmark(rows, algos);
+    return tests.finish();
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The matmul lab on a GPU machine: build it, validate every version, benchmark the d12 step's GEMMs
+# (every algorithm cuBLASLt offers), and PyTorch's same GEMMs in the same call. Logs: $OUT/matmul/.
+#   ROWS=65536 ALGOS=16 bash scripts/device_matmul.sh
+set -u
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+OUT=${OUT:-out}
+log=$OUT/matmul
+mkdir -p "$log"
+ROWS=${ROWS:-65536}
+ALGOS=${ALGOS:-16}
+PY=${PYTHON:-python3}
+make -j16 dev/cuda/matmul > "$log/build.log" 2>&1 || { tail -n 30 "$log/build.log"; exit 1; }
+./dev/cuda/matmul --check > "$log/check.log" 2>&1
+echo "--- check: exit $?"; grep -E "FAIL|passed, " "$log/check.log" | tail -n 12
+./dev/cuda/matmul --force --rows "$ROWS" --algos "$ALGOS" > "$log/bench.log" 2>&1
+echo "--- bench: exit $?"; grep -E "reference|header|best|per step|no cuBLASLt|refused" "$log/bench.log"
+"$PY" dev/cuda/matmul_vs_torch.py --rows "$ROWS" > "$log/torch.log" 2>&1
+echo "--- torch: exit $?"; cat "$log/torch.log"
