@@ -13,12 +13,22 @@
 //     then. Several vectors per thread are loaded before any is used, to keep enough bytes in
 //     flight. dev/cuda/classifier.cu measures it against the scalar kernel below (the fallback for
 //     any other Vp or alignment): 71% of copy on the H100, against 41%.
+//   - The on-chip kernels (same vector conditions, and a row that fits) read the row from memory
+//     exactly once and keep it on the SM until its dlogits are written: in registers (each 16-byte
+//     vector of the row held by one thread, BLOCK threads x VPT vectors, all loads issued before
+//     any value is used; one block per SM, as the registers allow) or in shared memory
+//     (cp.async copies, no registers held, two 512-thread blocks per SM for a bf16 GPT-2 row of
+//     100 KB, so one block's loads overlap the other's arithmetic). With the whole row at hand they
+//     take the maximum first and then the sum of exponentials, no running rescale. Unmeasured so far:
+//     training uses them only when kClassifierVersion below says so.
 //   - __expf (ex2.approx after a multiply by log2 e; a few units in the last place for the arguments
 //     here, all <= 0): the accurate expf costs ~10 instructions a value, and two exponentials per
 //     logit at that price would make this pass compute-bound.
 //   - loss = log(sum) + max - logit[target] in fp32, never log(p): no underflow for tiny p.
 //   - Block reductions combine in a fixed order: the same bits every run.
 #pragma once
+
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -121,11 +131,346 @@ __global__ void __launch_bounds__(kClassifierVecThreads)
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// On-chip kernels: the row is read from memory once and kept on the SM.
+
+// Which kernel fused_classifier runs, by the lab's numbers (dev/cuda/classifier.cu): 2 the vector
+// kernel, 3 registers with 1024 threads x 7 vectors, 4 registers with 512 threads x 13 vectors, 5
+// shared memory. 3-5 fall back to 2 (then 1) on a row they cannot hold. Stays 2 until the lab has
+// measured 3-5 on the H100.
+constexpr int kClassifierVersion = 2;
+static_assert(kClassifierVersion >= 2 && kClassifierVersion <= 5, "kClassifierVersion: 2, 3, 4 or 5");
+
+// The register kernels' shapes: BLOCK threads holding VPT 16-byte vectors each (Vp <= BLOCK * VPT * 8
+// in bf16, half that in fp32), KEEP_EXP whether the exponentials of the sum are kept in registers for
+// the dlogits (one exponential a value, VPT * 8 more floats a thread in bf16) or computed again.
+// Version 3: 1024 x 7 hold Vp <= 57344 (GPT-2's 50304) within 64 registers a thread (one block per
+// SM) only by computing the exponentials again. Version 4: 512 x 13 hold Vp <= 53248 and keep them,
+// 128 registers a thread, one block per SM. fp32 GPT-2 rows (Vp > 28672) fit neither: the vector
+// kernel runs them.
+template <int BLOCK_, int VPT_, bool KEEP_EXP_> struct ClassifierRegisters {
+    static constexpr int BLOCK = BLOCK_, VPT = VPT_;
+    static constexpr bool KEEP_EXP = KEEP_EXP_;
+};
+using ClassifierRegistersWide = ClassifierRegisters<1024, 7, false>;   // version 3
+using ClassifierRegistersNarrow = ClassifierRegisters<512, 13, true>;  // version 4
+constexpr int kClassifierSharedThreads = 512;
+
+// The on-chip kernels hold a 16-byte vector as its four 32-bit words (uint4), each word one fp32 or
+// two bf16 (element 2k in the low half of word k), and read values out of the words with shifts and
+// masks. Holding Vec128<bf16> and touching single elements lets the compiler give every bf16 its
+// own 32-bit register: twice the registers, and spills.
+template <typename T> constexpr unsigned kNegInfWord = sizeof(T) == 2 ? 0xff80ff80u : 0xff800000u;  // -inf, -inf
+
+__device__ __forceinline__ unsigned word_of(const uint4& w, int k) {  // k known at compile time
+    return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w;
+}
+__device__ __forceinline__ void set_word(uint4& w, int k, unsigned value) {
+    if (k == 0) w.x = value;
+    else if (k == 1) w.y = value;
+    else if (k == 2) w.z = value;
+    else w.w = value;
+}
+
+// Element j (known at compile time) of a vector held as words, as a float: a bf16 is the top half of
+// the fp32 with the same value, so the conversion is exact, as __bfloat162float.
+template <typename T> __device__ __forceinline__ float value_of(const uint4& w, int j) {
+    if constexpr (sizeof(T) == 2) {
+        const unsigned word = word_of(w, j / 2);
+        return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
+    } else {
+        return __uint_as_float(word_of(w, j));
+    }
+}
+
+// The vector with its elements j >= first (the padding after the last real column) set to -inf.
+template <typename T> __device__ __forceinline__ uint4 with_negative_infinity_from(uint4 w, int first) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        unsigned word = word_of(w, k);
+        if constexpr (sizeof(T) == 2) {
+            if (2 * k >= first) word = kNegInfWord<T>;
+            else if (2 * k + 1 >= first) word = (word & 0x0000ffffu) | 0xff800000u;
+        } else {
+            if (k >= first) word = kNegInfWord<T>;
+        }
+        set_word(w, k, word);
+    }
+    return w;
+}
+
+// Rounds VS floats into a vector; bf16 two at a time (one cvt.rn.bf16x2.f32, the same bits as two
+// single conversions).
+template <typename T> __device__ __forceinline__ Vec128<T> vec_from_floats(const float (&f)[Vec128<T>::size]) {
+    Vec128<T> out;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+        for (int k = 0; k < Vec128<T>::size / 2; k++)
+            reinterpret_cast<__nv_bfloat162*>(out.v)[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < Vec128<T>::size; j++) out[j] = from_float<T>(f[j]);
+    }
+    return out;
+}
+
+// Block-wide maximum and sum; every thread gets the result. scratch: BLOCK / 32 floats, one array per
+// call site (no barrier between a reduction's reads and the next one's writes). The sum adds the warp
+// partials in warp order: the same bits every run.
+template <int BLOCK> __device__ __forceinline__ float block_max(float m, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = scratch[0];
+    for (int w = 1; w < BLOCK / 32; w++) m = fmaxf(m, scratch[w]);
+    return m;
+}
+template <int BLOCK> __device__ __forceinline__ float block_sum(float s, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = s;
+    __syncthreads();
+    s = scratch[0];
+    for (int w = 1; w < BLOCK / 32; w++) s += scratch[w];
+    return s;
+}
+
+template <typename T> __device__ __forceinline__ float vec_max(const uint4& w, float m) {
+#pragma unroll
+    for (int j = 0; j < Vec128<T>::size; j++) m = fmaxf(m, value_of<T>(w, j));
+    return m;
+}
+// e[j] = exp(x[j] - m) for the values of one vector (0 for -inf, the padding).
+template <typename T>
+__device__ __forceinline__ void vec_exp(const uint4& w, float m, float (&e)[Vec128<T>::size]) {
+#pragma unroll
+    for (int j = 0; j < Vec128<T>::size; j++) e[j] = __expf(value_of<T>(w, j) - m);
+}
+template <typename T> __device__ __forceinline__ float vec_sum(const float (&e)[Vec128<T>::size]) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Vec128<T>::size; j++) s += e[j];
+    return s;
+}
+
+// dlogits of vector i from its exponentials (padding included: e = 0 gives p = 0, written as 0):
+// (p - onehot(target)) * dloss with p = e * inv, as the vector kernel computes them.
+template <typename T>
+__device__ __forceinline__ Vec128<T> dlogits_of(const float (&e)[Vec128<T>::size], float inv, int i, int target,
+                                                float dloss) {
+    constexpr int VS = Vec128<T>::size;
+    float d[VS];
+#pragma unroll
+    for (int j = 0; j < VS; j++) d[j] = e[j] * inv;
+    if (i == target / VS) {  // the one vector with the target column; a select per value, where an
+                             // `if` would become d[target % VS], a computed index: local memory
+#pragma unroll
+        for (int j = 0; j < VS; j++) d[j] -= j == target % VS ? 1.0f : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < VS; j++) d[j] *= dloss;
+    return vec_from_floats<T>(d);
+}
+
+// Whether a row of Vp T's at `logits` can take 16-byte vectors (the vector kernel's condition).
+template <typename T> bool classifier_vectors_fit(const T* logits, int Vp) {
+    return Vp % Vec128<T>::size == 0 && is_aligned16(logits);
+}
+
+// Registers: one block per row, vector i of the row held by thread i % BLOCK in slot i / BLOCK, for
+// Vp <= BLOCK * VPT * VS. Slots past the real columns (the padding in the last vector with real
+// columns, the padding-only vectors, the slots past the row) hold -inf, so the maximum and the sum
+// need no per-value test: exp(-inf - m) = 0. Loads and stores are streaming (evict-first: each line
+// is read once and written once).
+template <typename T, int BLOCK, int VPT, bool KEEP_EXP>
+__global__ void __launch_bounds__(BLOCK, 1)
+    fused_classifier_registers_kernel(T* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
+    constexpr int VS = Vec128<T>::size;
+    __shared__ float smax[BLOCK / 32], ssum[BLOCK / 32];
+    T* x = logits + size_t(blockIdx.x) * Vp;
+    const int vectors = Vp / VS, vectors_with_v = (V + VS - 1) / VS;
+    const int target = targets[blockIdx.x];
+    uint4 v[VPT];  // slot u: vector threadIdx.x + u * BLOCK of the row
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {  // every load issued before any value is used
+        const int i = threadIdx.x + u * BLOCK;
+        v[u] = make_uint4(kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>);
+        if (i < vectors_with_v) v[u] = __ldcs(reinterpret_cast<const uint4*>(x + size_t(i) * VS));
+    }
+    // The vector holding columns V - V % VS .. V - 1 and then padding, and the target's vector (its
+    // logit read from the registers). Tests on each slot, not a slot index computed from the column:
+    // a computed index would put v in local memory.
+    const int tail = V % VS != 0 ? V / VS : -1;
+    float target_logit = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        const int i = threadIdx.x + u * BLOCK;
+        if (i == tail) v[u] = with_negative_infinity_from<T>(v[u], V % VS);
+        if (i == target / VS) {
+#pragma unroll
+            for (int j = 0; j < VS; j++)
+                if (j == target % VS) target_logit = value_of<T>(v[u], j);
+        }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) m = vec_max<T>(v[u], m);
+    m = block_max<BLOCK>(m, smax);
+    float e[KEEP_EXP ? VPT : 1][VS];  // KEEP_EXP: the exponentials, kept for the dlogits
+    float s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        float eu[VS];
+        vec_exp<T>(v[u], m, eu);
+        s += vec_sum<T>(eu);  // one partial sum per vector
+        if constexpr (KEEP_EXP) {
+#pragma unroll
+            for (int j = 0; j < VS; j++) e[u][j] = eu[j];
+        }
+    }
+    s = block_sum<BLOCK>(s, ssum);
+    if (threadIdx.x == (target / VS) % BLOCK) losses[blockIdx.x] = logf(s) + m - target_logit;
+    if (dloss == 0.0f) return;
+    const float inv = 1.0f / s;
+    // Without KEEP_EXP the exponentials are computed again from the row's values. The empty asm makes
+    // m a value the compiler cannot prove equal to the one above (it is), so it cannot merge the two
+    // sets of exponentials and keep VPT * VS floats alive across the reduction (over 64 registers at
+    // 1024 threads: spills).
+    if constexpr (!KEEP_EXP) asm volatile("" : "+f"(m));
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        const int i = threadIdx.x + u * BLOCK;
+        if (i >= vectors) continue;
+        float eu[VS];
+        if constexpr (KEEP_EXP) {
+#pragma unroll
+            for (int j = 0; j < VS; j++) eu[j] = e[u][j];
+        } else {
+            vec_exp<T>(v[u], m, eu);
+        }
+        dlogits_of<T>(eu, inv, i, target, dloss).store_stream(x + size_t(i) * VS);
+    }
+}
+
+template <typename C, typename T> bool classifier_registers_fit(const T* logits, int Vp) {
+    return classifier_vectors_fit(logits, Vp) && Vp <= C::BLOCK * C::VPT * Vec128<T>::size;
+}
+
+template <typename C, typename T>
+void fused_classifier_registers(T* logits, float* losses, const int* targets, float dloss, int rows, int V, int Vp,
+                                cudaStream_t stream = 0) {
+    fused_classifier_registers_kernel<T, C::BLOCK, C::VPT, C::KEEP_EXP>
+        <<<rows, C::BLOCK, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+    cuda_check_launch();
+}
+
+// cp.async (sm_80+): a 16-byte copy global -> shared without passing through registers; .cg skips L1.
+// The "memory" clobbers keep the compiler from moving shared-memory accesses across them.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(smem))),
+                 "l"(__cvta_generic_to_global(gmem))
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Shared memory: one block per row, the row's vectors with real columns copied into Vp * sizeof(T)
+// bytes of dynamic shared memory (100 KB for a bf16 GPT-2 row: two blocks per SM of the H100's
+// 228 KB). The padding of the last vector with real columns is overwritten with -inf there, by the
+// thread that copied it; the padding-only vectors are never read, only written as 0.
+extern __shared__ uint4 classifier_row_smem[];
+
+template <typename T, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 2)
+    fused_classifier_shared_kernel(T* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
+    constexpr int VS = Vec128<T>::size;
+    __shared__ float smax[BLOCK / 32], ssum[BLOCK / 32];
+    uint4* row = classifier_row_smem;  // (Vp / VS) vectors, the first vectors_with_v of them copied
+    T* x = logits + size_t(blockIdx.x) * Vp;
+    const int vectors = Vp / VS, vectors_with_v = (V + VS - 1) / VS;
+    for (int i = threadIdx.x; i < vectors_with_v; i += BLOCK) cp_async_16(&row[i], x + size_t(i) * VS);
+    cp_async_wait_all();  // this thread's copies
+    const int tail = V / VS;
+    if (V % VS != 0 && threadIdx.x == tail % BLOCK)  // the thread that copied the tail vector
+        row[tail] = with_negative_infinity_from<T>(row[tail], V % VS);
+    __syncthreads();  // every thread's copies
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < vectors_with_v; i += BLOCK) m = vec_max<T>(row[i], m);
+    m = block_max<BLOCK>(m, smax);
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < vectors_with_v; i += BLOCK) {
+        float e[VS];
+        vec_exp<T>(row[i], m, e);
+        s += vec_sum<T>(e);
+    }
+    s = block_sum<BLOCK>(s, ssum);
+    const int target = targets[blockIdx.x];
+    if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) + m - to_float(reinterpret_cast<const T*>(row)[target]);
+    if (dloss == 0.0f) return;
+    const float inv = 1.0f / s;
+    const uint4 padding = make_uint4(kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>);
+    for (int i = threadIdx.x; i < vectors; i += BLOCK) {
+        uint4 w = padding;  // an `if`, not `?:` over row[i]: the latter goes through local memory
+        if (i < vectors_with_v) w = row[i];
+        float e[VS];
+        vec_exp<T>(w, m, e);
+        dlogits_of<T>(e, inv, i, target, dloss).store_stream(x + size_t(i) * VS);
+    }
+}
+
+// The most dynamic shared memory the shared-memory kernel can have on the current device (the
+// per-block opt-in maximum less its static arrays), after allowing it that much and asking for the
+// largest shared-memory carveout. Once per dtype (one device per process here).
+template <typename T> int classifier_shared_max_bytes() {
+    static int max_bytes = -1;
+    if (max_bytes < 0) {
+        const auto kernel = fused_classifier_shared_kernel<T, kClassifierSharedThreads>;
+        int device = 0, optin = 0;
+        cuda_check(cudaGetDevice(&device));
+        cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        cudaFuncAttributes attr;
+        cuda_check(cudaFuncGetAttributes(&attr, kernel));
+        max_bytes = optin - int(attr.sharedSizeBytes);
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_bytes));
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        int(cudaSharedmemCarveoutMaxShared)));
+    }
+    return max_bytes;
+}
+
+template <typename T> bool classifier_shared_fits(const T* logits, int Vp) {
+    return classifier_vectors_fit(logits, Vp) && size_t(Vp) * sizeof(T) <= size_t(classifier_shared_max_bytes<T>());
+}
+
+template <typename T>
+void fused_classifier_shared(T* logits, float* losses, const int* targets, float dloss, int rows, int V, int Vp,
+                             cudaStream_t stream = 0) {
+    classifier_shared_max_bytes<T>();  // the attributes set before the first launch
+    fused_classifier_shared_kernel<T, kClassifierSharedThreads>
+        <<<rows, kClassifierSharedThreads, size_t(Vp) * sizeof(T), stream>>>(logits, losses, targets, dloss, V, Vp);
+    cuda_check_launch();
+}
+
+// ---------------------------------------------------------------------------------------------
+
 // targets: device (rows) ids, each in [0, V). dloss = 0 computes the losses only (logits kept).
+// Runs version kClassifierVersion where the row fits it, else the vector kernel, else the scalar one.
 template <typename T>
 void fused_classifier(T* logits, float* losses, const int* targets, float dloss, int rows, int V, int Vp,
                       cudaStream_t stream = 0) {
-    if (Vp % Vec128<T>::size == 0 && is_aligned16(logits))
+    using Wide = ClassifierRegistersWide;
+    using Narrow = ClassifierRegistersNarrow;
+    if (kClassifierVersion == 3 && classifier_registers_fit<Wide>(logits, Vp)) {
+        fused_classifier_registers<Wide>(logits, losses, targets, dloss, rows, V, Vp, stream);
+        return;
+    }
+    if (kClassifierVersion == 4 && classifier_registers_fit<Narrow>(logits, Vp)) {
+        fused_classifier_registers<Narrow>(logits, losses, targets, dloss, rows, V, Vp, stream);
+        return;
+    }
+    if (kClassifierVersion == 5 && classifier_shared_fits(logits, Vp)) {
+        fused_classifier_shared<T>(logits, losses, targets, dloss, rows, V, Vp, stream);
+        return;
+    }
+    if (classifier_vectors_fit(logits, Vp))
         fused_classifier_vec_kernel<T><<<rows, kClassifierVecThreads, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
     else
         fused_classifier_kernel<T><<<rows, kClassifierThreads, 0, stream>>>(logits, losses, targets, dloss, V, Vp);

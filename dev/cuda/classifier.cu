@@ -1,11 +1,13 @@
-// classifier.cu: the fused softmax cross-entropy laboratory (classifier.cuh). Both versions are the
-// header's own kernels, launched directly, so each is measured on its own; training runs version 2
-// wherever it applies (the header's fused_classifier picks it). Every version is validated against a
+// classifier.cu: the fused softmax cross-entropy laboratory (classifier.cuh). Every version is one of
+// the header's own kernels, launched directly, so each is measured on its own; training runs the
+// version named by the header's kClassifierVersion (2 until 3-5 are measured) wherever it applies,
+// else 2, else 1 (the header's fused_classifier picks). Every version is validated against a
 // double-precision CPU reference at many shapes, then benchmarked.
 //
 //   make dev/cuda/classifier
 //   ./dev/cuda/classifier            validate, then benchmark every version (bf16, rows 16384, V 50257, Vp 50304)
 //   ./dev/cuda/classifier 2          only version 2
+//   ./dev/cuda/classifier 2 3 4 5    versions 2 to 5 (validated, then benchmarked side by side)
 //   ./dev/cuda/classifier --check    validation only (what CI runs; skips without a GPU)
 //   ./dev/cuda/classifier -h         the usage (--rows, --V, --Vp, --dtype)
 //
@@ -26,11 +28,40 @@
 //      expf, streaming loads and stores in the second pass. Needs Vp a multiple of the vector size
 //      and 16-byte aligned logits; on any other shape the lab says so and does not run it (it never
 //      runs version 1 in its place).
+//   3  the header's fused_classifier_registers_kernel, ClassifierRegistersWide (1024 threads, 7 slots,
+//      exponentials computed again): the row read from memory once and kept in registers as packed
+//      32-bit words, thread t holding vectors t, t + 1024, ... (Vp <= 57344 in bf16, 28672 in fp32),
+//      all 7 streaming loads issued before any value is used (the whole 100 KB row in flight per
+//      SM). Slots past the real columns hold -inf, so the maximum (no exponential), then the sum of
+//      exponentials, need no per-value test; a plain block max and a fixed-order block sum replace
+//      the online combine; then dlogits from the registers, streaming stores. Why it should be
+//      faster: DRAM sees one read and one write per value (version 2 reads the row twice, counting on
+//      L2 for the second) and there is no running rescale. The risk: at 1024 threads a thread has 64
+//      registers (one block per SM), so its loads do not overlap its own reductions and exponentials
+//      (other SMs' loads keep DRAM busy meanwhile), and the exponentials of the sum cannot stay in
+//      registers: two per value, as version 2 (28 registers of row data; 62 used, no spills).
+//   4  the same kernel, ClassifierRegistersNarrow (512 threads, 13 slots, exponentials kept): Vp <=
+//      53248 in bf16, 26624 in fp32. The 104 exponentials of the sum stay in registers for the
+//      dlogits (the row's words are dead by then): one exponential per value, half of 3's and 2's
+//      (MUFU.EX2 issues 16 a clock per SM: two per value of a GPT-2 row take ~3.6 us of an SM at
+//      1.75 GHz, against ~8.8 us for the row's 200 KB of DRAM traffic at 3 TB/s over 132 SMs), at 128
+//      registers a thread, one block per SM, 16 warps each with twice 3's loads in flight. Measured
+//      against 3: fewer exponentials, fewer warps.
+//   5  the header's fused_classifier_shared_kernel<T, 512>: the row kept in shared memory instead,
+//      copied by cp.async (16 bytes a copy, every copy issued before the wait, no registers held), so
+//      a bf16 GPT-2 row (100 KB) lets two 512-thread blocks share an SM: one block's loads overlap
+//      the other's reductions and exponentials, which versions 3 and 4 cannot do. Max, then sum, then
+//      dlogits as in 3 (two exponentials per value), reading the row from shared memory three times.
+//      Needs Vp * sizeof(T) within the device's shared memory per block (227 KB on the H100: fp32
+//      GPT-2 rows fit, one block per SM), besides version 2's conditions.
+//   Versions 3-5 need what version 2 needs, plus a row that fits; elsewhere the lab says so and does
+//   not run them (the header's fused_classifier falls back to 2, else 1).
 //
 // Bandwidth: minimal bytes = rows*Vp*sizeof(T) read + rows*Vp*sizeof(T) written, + rows*4 (losses)
 // + rows*4 (targets), negligible (8 bytes a row against 200 KB a row for GPT-2 in bf16) but counted.
-// The second read of the row comes from L2 and is not counted. Reported as a fraction of a
-// device-to-device copy measured in the same run.
+// Versions 1 and 2 read the row a second time (from L2), not counted; 3-5 read it once. Reported as a
+// fraction of a device-to-device copy measured in the same run, with each kernel's registers a thread
+// and resident blocks per SM (the occupancy API) beside it.
 
 #include <cstring>
 #include <string>
@@ -39,7 +70,7 @@
 #include "common.cuh"
 #include "dev/lab.cuh"
 
-constexpr int kNumVersions = 2;
+constexpr int kNumVersions = 5;
 
 // Validation buffers hold this many elements before and after the rows, filled with NaN bytes and
 // checked afterwards: a write outside the rows fails. A multiple of every vector size, so the rows
@@ -133,24 +164,79 @@ void reference_self_test(TestCounter& tests) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch: the header's kernels, launched directly with its block sizes, one block per row.
+// Dispatch: the header's kernels, one block per row, launched directly with its block sizes (1, 2) or
+// through its launch functions (3-5, which set the shared-memory attributes version 5 needs).
 
-// Why version 2 cannot run on these logits (the header's own condition), or nullptr when it can.
-template <typename T> const char* vector_path_missing(const T* logits, int Vp) {
-    if (Vp % Vec128<T>::size != 0) return sizeof(T) == 2 ? "Vp not a multiple of 8" : "Vp not a multiple of 4";
-    if (!is_aligned16(logits)) return "logits not 16-byte aligned";
-    return nullptr;
+using Wide = ClassifierRegistersWide;      // version 3
+using Narrow = ClassifierRegistersNarrow;  // version 4
+
+template <typename C, typename T> const void* registers_kernel() {
+    return (const void*)fused_classifier_registers_kernel<T, C::BLOCK, C::VPT, C::KEEP_EXP>;
+}
+
+int version_threads(int version) {
+    switch (version) {
+        case 1: return kClassifierThreads;
+        case 2: return kClassifierVecThreads;
+        case 3: return Wide::BLOCK;
+        case 4: return Narrow::BLOCK;
+        case 5: return kClassifierSharedThreads;
+        default: fail("version %d does not exist (1..%d)", version, kNumVersions);
+    }
+}
+
+// Why `version` cannot run on these logits (the header's own conditions decide), or "" when it can.
+// The shared-memory limit of version 5 is the device's: without one (`device` false) it is not
+// checked.
+template <typename C, typename T> std::string registers_missing(const T* logits, int Vp) {
+    if (classifier_registers_fit<C>(logits, Vp)) return "";
+    char why[200];
+    snprintf(why, sizeof(why), "Vp > %d threads x %d vectors x %d values = %d, what the registers hold", C::BLOCK,
+             C::VPT, Vec128<T>::size, C::BLOCK * C::VPT * Vec128<T>::size);
+    return why;
+}
+
+template <typename T> std::string version_missing(int version, const T* logits, int Vp, bool device = true) {
+    if (version == 1) return "";
+    if (!classifier_vectors_fit(logits, Vp)) {
+        if (Vp % Vec128<T>::size != 0) return sizeof(T) == 2 ? "Vp not a multiple of 8" : "Vp not a multiple of 4";
+        return "logits not 16-byte aligned";
+    }
+    if (version == 3) return registers_missing<Wide>(logits, Vp);
+    if (version == 4) return registers_missing<Narrow>(logits, Vp);
+    if (version == 5 && device && !classifier_shared_fits(logits, Vp)) {
+        char why[200];
+        snprintf(why, sizeof(why), "a row of %zu bytes > %d bytes of shared memory a block", size_t(Vp) * sizeof(T),
+                 classifier_shared_max_bytes<T>());
+        return why;
+    }
+    return "";
+}
+
+// What the header runs where `version` does not apply: never run by the lab in its place.
+template <typename T> int header_fallback(int version, const T* logits, int Vp) {
+    return version >= 3 && version_missing<T>(2, logits, Vp).empty() ? 2 : 1;
 }
 
 template <typename T>
 void run_version(int version, T* logits, float* losses, const int* targets, float dloss, int rows, int V, int Vp) {
+    const std::string why = version_missing<T>(version, logits, Vp);
+    if (!why.empty()) fail("version %d cannot run here: %s", version, why.c_str());
     switch (version) {
         case 1:
             fused_classifier_kernel<T><<<rows, kClassifierThreads>>>(logits, losses, targets, dloss, V, Vp);
             break;
         case 2:
-            if (const char* why = vector_path_missing(logits, Vp)) fail("version 2 cannot run here: %s", why);
             fused_classifier_vec_kernel<T><<<rows, kClassifierVecThreads>>>(logits, losses, targets, dloss, V, Vp);
+            break;
+        case 3:
+            fused_classifier_registers<Wide>(logits, losses, targets, dloss, rows, V, Vp);
+            break;
+        case 4:
+            fused_classifier_registers<Narrow>(logits, losses, targets, dloss, rows, V, Vp);
+            break;
+        case 5:
+            fused_classifier_shared<T>(logits, losses, targets, dloss, rows, V, Vp);
             break;
         default:
             fail("version %d does not exist (1..%d)", version, kNumVersions);
@@ -158,20 +244,45 @@ void run_version(int version, T* logits, float* losses, const int* targets, floa
     cuda_check_launch();
 }
 
+// Registers a thread and resident blocks per SM of `version`'s kernel at row length Vp.
+template <typename T> void version_occupancy(int version, int Vp, int* regs, int* blocks_per_sm) {
+    const void* kernel = nullptr;
+    size_t smem = 0;
+    switch (version) {
+        case 1: kernel = (const void*)fused_classifier_kernel<T>; break;
+        case 2: kernel = (const void*)fused_classifier_vec_kernel<T>; break;
+        case 3: kernel = registers_kernel<Wide, T>(); break;
+        case 4: kernel = registers_kernel<Narrow, T>(); break;
+        case 5:
+            kernel = (const void*)fused_classifier_shared_kernel<T, kClassifierSharedThreads>;
+            smem = size_t(Vp) * sizeof(T);
+            classifier_shared_max_bytes<T>();  // its attributes set, as before a launch
+            break;
+        default: fail("version %d does not exist (1..%d)", version, kNumVersions);
+    }
+    cudaFuncAttributes attr;
+    cuda_check(cudaFuncGetAttributes(&attr, kernel));
+    *regs = attr.numRegs;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, version_threads(version), smem));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tolerances (u = 2^-24, the fp32 unit roundoff; every version computes in fp32). Worst-case
 // bounds, not estimates: roundings are assumed to add up with the same sign.
 //
 // One exponential: the argument a = x - m <= 0 is rounded (relative error |a| u on exp(a)), then
-// __expf (version 2) is within 2 + 1.173 |a| ulp (the CUDA Programming Guide's bound; an ulp is at
+// __expf (versions 2-5) is within 2 + 1.173 |a| ulp (the CUDA Programming Guide's bound; an ulp is at
 // most 2 u relative): <= (4 |a| + 4) u in all. expf (version 1, reductions) is within 2 ulp, 4 u.
 //
 // The sum s = sum_c exp(x_c - m): its relative error E is the sum of
 //   - each thread's sequential chain: version 1 updates per value (two expf, a product, a sum: 6 u)
 //     over ceil(V / 1024) values; version 2 per vector (VS - 1 additions inside the vector, then a
-//     rescale by __expf, a product, a sum: VS + 6 u) over ceil(V / VS / 512) vectors;
+//     rescale by __expf, a product, a sum: VS + 6 u) over ceil(V / VS / 512) vectors; versions 3-5
+//     add VS values inside a vector and the vector's sum to the thread's (VS u, no rescale: the
+//     maximum is known first) over ceil(V / VS / P) vectors, P their threads, so version 2's
+//     bound with P threads holds for them too, the slots holding -inf adding exact zeros;
 //   - the reduction: 5 shuffle combines then one combine per warp in a fixed order (32 or 16), 6 u
-//     each;
+//     each (versions 3-5 add plainly, u each: within it);
 //   - the terms' own exponentials, weighted by the terms: at most (4 kMaxSpread + 4) u, and 4 u
 //     margin.
 // For V = 50257 that is 3.9e-5 (version 1) and 2.7e-5 (version 2, bf16), the "~1e-5 relative" one
@@ -206,7 +317,7 @@ inline double ceil_div(double a, double b) { return std::ceil(a / b); }
 
 template <typename T> Bounds bounds_for(int version, int V, float dloss) {
     constexpr int VS = Vec128<T>::size;
-    const int P = version == 1 ? kClassifierThreads : kClassifierVecThreads;
+    const int P = version_threads(version);
     const double chain = version == 1 ? 6.0 * ceil_div(V, P) : (VS + 6.0) * ceil_div(ceil_div(V, VS), P);
     const double E = (chain + 6.0 * (P / 32 + 5) + 4.0 * kMaxSpread + 8.0) * kU;
     const double p_rel = E + (4.0 * kMaxSpread + 8.0) * kU;
@@ -332,16 +443,18 @@ template <typename T> void check_all(TestCounter& tests, bool gpu, const std::ve
             if (gpu) c = make_case<T>(rows, s.V, s.Vp, seed);  // fresh inputs for every shape
             for (int v : versions)
                 for (int shift : {0, 1}) {
-                    if (shift && v == 2) continue;  // misaligned logits: version 1 only (the header's fallback)
+                    if (shift && v >= 2) continue;  // misaligned logits: version 1 only (the header's fallback)
                     for (float dloss : {0.0f, 1.0f / rows}) {
                         char name[200];
                         const std::string dloss_name = dloss == 0.0f ? "0" : "1/" + std::to_string(rows);
                         snprintf(name, sizeof(name), "classifier v%d %s rows=%d V=%d Vp=%d dloss=%s %s", v, dtype_name<T>(),
                                  rows, s.V, s.Vp, dloss_name.c_str(), shift ? "misaligned" : "aligned");
                         // Validation buffers are 256-byte aligned plus kGuard elements: only Vp decides.
-                        if (v == 2 && s.Vp % Vec128<T>::size != 0) {
-                            printf("%s: not run (%s: the vector kernel does not apply; the header runs version 1 here)\n",
-                                   name, vector_path_missing((const T*)nullptr, s.Vp));
+                        const T* aligned = nullptr;
+                        const std::string why = version_missing<T>(v, aligned, s.Vp, gpu);
+                        if (!why.empty()) {
+                            printf("%s: not run (%s: version %d does not apply; the header falls back to version %d here)\n", name,
+                                   why.c_str(), v, header_fallback<T>(v, aligned, s.Vp));
                             continue;
                         }
                         if (!gpu) {
@@ -365,7 +478,8 @@ template <typename T> void benchmark(const std::vector<int>& versions, int rows,
     printf("\nclassifier benchmark, %s, rows = %d, V = %d, Vp = %d, dloss = 1/rows (median of 100 runs after 10 warm-ups)\n",
            dtype_name<T>(), rows, V, Vp);
     printf("  bytes = rows*Vp*sizeof(T) read + rows*Vp*sizeof(T) written + rows*4 (losses) + rows*4 (targets)\n");
-    printf("  %-8s %-6s %10s %10s %8s\n", "version", "dtype", "time (us)", "GB/s", "% copy");
+    printf("  %-8s %-6s %10s %10s %8s %6s %10s\n", "version", "dtype", "time (us)", "GB/s", "% copy", "regs",
+           "blocks/SM");
     const size_t n = size_t(rows) * Vp;
     DeviceBuffer<T> logits(n, "logits (benchmark)");
     DeviceBuffer<int> targets(rows, "targets");
@@ -385,16 +499,19 @@ template <typename T> void benchmark(const std::vector<int>& versions, int rows,
     const float dloss = 1.0f / rows;
     const double bytes = 2.0 * n * sizeof(T) + 8.0 * rows;
     for (int v : versions) {
-        const char* why = v == 2 ? vector_path_missing(logits.ptr, Vp) : nullptr;
-        if (why) {
-            printf("  %-8d %-6s not run: %s (the vector kernel does not apply; the header runs version 1 here)\n", v,
-                   dtype_name<T>(), why);
+        const std::string why = version_missing<T>(v, logits.ptr, Vp);
+        if (!why.empty()) {
+            printf("  %-8d %-6s not run: %s (version %d does not apply; the header falls back to version %d here)\n", v,
+                   dtype_name<T>(), why.c_str(), v, header_fallback<T>(v, logits.ptr, Vp));
             continue;
         }
+        int regs = 0, blocks_per_sm = 0;
+        version_occupancy<T>(v, Vp, &regs, &blocks_per_sm);
         auto run = [&] { run_version<T>(v, logits.ptr, losses.ptr, targets.ptr, dloss, rows, V, Vp); };
         const float ms = time_median_ms(run, 10, 100);
         const double gbs = bytes / (ms * 1e-3) / 1e9;
-        printf("  %-8d %-6s %10.1f %10.1f %7.1f%%\n", v, dtype_name<T>(), ms * 1e3, gbs, 100.0 * gbs / copy_gbs);
+        printf("  %-8d %-6s %10.1f %10.1f %7.1f%% %6d %10d\n", v, dtype_name<T>(), ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
+               regs, blocks_per_sm);
     }
 }
 
