@@ -4,9 +4,14 @@
 //   adamw_update         PyTorch's AdamW (decoupled weight decay, bias-corrected moments):
 //                        p -= lr * wd * p (decayed tensors only); m = b1 m + (1 - b1) g;
 //                        v = b2 v + (1 - b2) g^2; p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
-//                        with g = grad * grad_scale (the gradient-clipping factor).
+//                        with g = grad * clip_factor(norm, clip) (PyTorch's clip_grad_norm_ factor).
 //
 // Non-obvious choices:
+//   - No host synchronisation: the step's loss sum and squared gradient norm stay on the device
+//     (StepStats), and every AdamW thread computes the clipping factor and the skip decision (a
+//     non-finite loss or norm: no write at all) from them itself, so the GPU never waits on a round
+//     trip to the host. The host reads StepStats after the step's one synchronisation and decides
+//     what to report with the same step_finite(), so its decision is the device's.
 //   - The norm is a two-stage reduction with a fixed grid (kNormBlocks, independent of the GPU), so
 //     it gives the same bits every run and on every GPU model.
 //   - Mixed precision: `master` holds the fp32 weights the update applies to; the storage-type
@@ -69,20 +74,49 @@ struct ParamTable {
     unsigned decay_mask;
 };
 
+// What one optimizer step produces on the device and the update depends on; adjacent, so the host
+// fetches both in one copy after the step.
+struct StepStats {
+    double loss_sum;     // sum of the step's micro-batch mean losses, each rounded to float first
+    float norm_squared;  // squared global gradient norm (global_norm_squared)
+    float unused;        // pads to 16 bytes
+};
+
+// The update runs only when both are finite. sqrt(norm_squared) is finite exactly when
+// norm_squared is (a sum of squares is not negative), so this is also "loss and norm finite".
+__host__ __device__ inline bool step_finite(const StepStats& s) {
+    return isfinite(s.loss_sum) && isfinite(s.norm_squared);
+}
+
+// PyTorch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); clip <= 0 disables clipping. Host
+// and device give the same bits: IEEE sqrtf and division (nvcc's defaults, no fast-math), no FMA
+// to contract.
+__host__ __device__ inline float clip_factor(float norm_squared, float clip) {
+    if (clip <= 0.0f) return 1.0f;
+    const float scale = clip / (sqrtf(norm_squared) + 1e-6f);
+    return scale < 1.0f ? scale : 1.0f;  // std::min(1.0f, scale)
+}
+
 struct AdamWHyper {
     float lr, beta1, beta2, eps, weight_decay;
     float beta1_correction, beta2_correction;  // 1 - beta^t
-    float grad_scale;
+    float grad_clip;                           // global-norm clip, <= 0: off
+    const StepStats* step;                     // device: the step's loss sum and squared gradient norm
 };
 
 template <typename T>
 __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m, float* v, size_t n, ParamTable table,
                              AdamWHyper h) {
+    // Every thread decides for itself (two loads of one cached line, one sqrt and one division): no
+    // extra kernel, no host round trip.
+    const StepStats step = *h.step;
+    if (!step_finite(step)) return;  // a skipped step writes nothing
+    const float grad_scale = clip_factor(step.norm_squared, h.grad_clip);
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
         int tensor = 0;
         while (tensor < table.count - 1 && i >= table.end[tensor]) tensor++;
         const float wd = (table.decay_mask >> tensor) & 1u ? h.weight_decay : 0.0f;
-        const float g = to_float(grads[i]) * h.grad_scale;
+        const float g = to_float(grads[i]) * grad_scale;
         float p = master ? master[i] : to_float(params[i]);
         const float mi = h.beta1 * m[i] + (1.0f - h.beta1) * g;
         const float vi = h.beta2 * v[i] + (1.0f - h.beta2) * g * g;

@@ -9,6 +9,10 @@
 // train_gpt_bf16 (bf16 parameters, gradients and activations; fp32 master weights, AdamW state,
 // LayerNorm statistics, softmax and loss).
 //
+// A training step never waits on the GPU: batches go up from pinned staging buffers, the loss is
+// summed on the device, and AdamW clips (or skips a non-finite step) from device values. The host
+// synchronises once, at the end of the step, and only then reads the loss and gradient norm.
+//
 // Nothing touches the GPU before every input (flags, token files, tokenizer, checkpoints, output
 // folder) has been validated, so bad input fails with one line and exit code 1 even without a GPU.
 #include <dirent.h>
@@ -297,6 +301,17 @@ template <typename P> size_t carve(P** views, int count, P* base, const size_t* 
 // ---------------------------------------------------------------------------------------------
 // The model on the device.
 
+// gpt_set_batch copies each batch asynchronously from pinned host memory, so the host prepares the
+// next micro-batch while the GPU works (a pageable cudaMemcpy would wait for the GPU to drain first).
+// A slot is reused kBatchSlots batches later, once its copies have run (its event): the host can wait
+// there only while the GPU has not reached that batch, i.e. still holds kBatchSlots - 1 batches of
+// work, so the GPU never idles on it. A step of up to kBatchSlots micro-batches never waits at all.
+constexpr int kBatchSlots = 4;
+struct BatchSlot {
+    int* host = nullptr;            // pinned: inputs (B*T) | targets (B*T) | encoder-backward work
+    cudaEvent_t copied = nullptr;   // recorded after the slot's copies
+};
+
 struct GPT {
     GPTConfig config;
     size_t param_sizes[NUM_PARAM_TENSORS];
@@ -320,14 +335,16 @@ struct GPT {
     void* flash_ds_memory = nullptr;  // else its own allocation
     int gelu_fusion = 0;            // GELU in cuBLASLt epilogues: 0 none, 1 forward, 2 forward and backward (-ge)
     int recompute = 0;              // 1: fch_gelu holds one layer, the backward recomputes it from fch (-r)
-    float* norm_squared = nullptr;  // (1)
+    StepStats* step = nullptr;  // (1) the current step's loss sum and squared gradient norm
     float* norm_partials = nullptr;
+    double* loss_scratch = nullptr;  // (1) gpt_mean_loss's sum
     int* inputs = nullptr;   // (B, T) device
     int* targets = nullptr;  // (B, T) device
     int* buckets = nullptr;  // encoder-backward work of the current batch: host_buckets.packed on the device
     TokenBuckets host_buckets;
     float* encoder_partials = nullptr;  // encoder backward's fp32 partial rows of split tokens
-    float* host_losses = nullptr;  // pinned (B * T)
+    BatchSlot batch_slots[kBatchSlots];  // pinned staging of the last kBatchSlots batches (gpt_set_batch)
+    int next_batch_slot = 0;
     size_t bytes_allocated = 0;
 };
 
@@ -402,38 +419,62 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
         if (ds_bytes <= logits_bytes) m.flash_ds = m.acts.logits, m.flash_ds_bytes = logits_bytes;
         else m.flash_ds = m.flash_ds_memory = gpt_alloc<void>(m, ds_bytes, "flash attention dS"), m.flash_ds_bytes = ds_bytes;
     }
-    m.norm_squared = gpt_alloc<float>(m, sizeof(float), "gradient norm");
+    m.step = gpt_alloc<StepStats>(m, sizeof(StepStats), "step loss and gradient norm");
+    cuda_check(cudaMemset(m.step, 0, sizeof(StepStats)));
     m.norm_partials = gpt_alloc<float>(m, kNormBlocks * sizeof(float), "gradient norm partials");
+    m.loss_scratch = gpt_alloc<double>(m, sizeof(double), "mean loss");
     m.inputs = gpt_alloc<int>(m, BT * sizeof(int), "inputs");
     m.targets = gpt_alloc<int>(m, BT * sizeof(int), "targets");
     m.buckets = gpt_alloc<int>(m, encoder_backward_work_ints(BT) * sizeof(int), "encoder buckets");
     m.encoder_partials = gpt_alloc<float>(m, encoder_backward_partials_bytes(BT, m.config.C), "encoder backward partials");
-    cuda_check(cudaMallocHost(&m.host_losses, BT * sizeof(float)));
-    blas_init<floatX>(std::max<size_t>(BT, 1));
+    for (BatchSlot& slot : m.batch_slots) {
+        cuda_check(cudaMallocHost(&slot.host, (2 * size_t(BT) + encoder_backward_work_ints(BT)) * sizeof(int)));
+        cuda_check(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    }
+    blas_init(std::max<size_t>(BT, 1));
     cuda_check(cudaDeviceSynchronize());
 }
 
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
-                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.flash_ds_memory, m.norm_squared,
-                                                m.norm_partials, m.inputs, m.targets, m.buckets, m.encoder_partials})
+                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.flash_ds_memory, m.step,
+                                                m.norm_partials, m.loss_scratch, m.inputs, m.targets, m.buckets,
+                                                m.encoder_partials})
         if (p) cuda_check(cudaFree(p));
-    if (m.host_losses) cuda_check(cudaFreeHost(m.host_losses));
+    for (BatchSlot& slot : m.batch_slots) {
+        if (slot.host) cuda_check(cudaFreeHost(slot.host));
+        if (slot.copied) cuda_check(cudaEventDestroy(slot.copied));
+    }
     blas_destroy();
     m = GPT();
 }
 
 // Copies one batch to the device: inputs (B, T) and optionally targets, both host arrays of token ids
-// already validated against V. Also groups the positions by token for the encoder backward.
+// already validated against V. Also groups the positions by token for the encoder backward. The
+// copies are asynchronous, from a pinned slot (see kBatchSlots): the caller may overwrite its arrays
+// at once. The device buffers are rewritten in stream order, after the previous batch's kernels.
 inline void gpt_set_batch(GPT& m, const int* inputs, const int* targets, int B, int T) {
     if (B < 1 || T < 1 || B * T > m.B * m.T || T > m.config.maxT) fail("batch %dx%d does not fit the model buffers", B, T);
     const int BT = B * T;
-    cuda_check(cudaMemcpy(m.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice));
-    if (targets) cuda_check(cudaMemcpy(m.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice));
+    const size_t capacity = size_t(m.B) * m.T;
     m.host_buckets.build(inputs, BT, m.config.V);
     const std::vector<int>& work = m.host_buckets.packed;
-    if (work.size() > encoder_backward_work_ints(m.B * m.T)) fail("encoder backward work (%zu ints) overflows its buffer", work.size());
-    cuda_check(cudaMemcpy(m.buckets, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
+    if (work.size() > encoder_backward_work_ints(int(capacity))) fail("encoder backward work (%zu ints) overflows its buffer", work.size());
+    BatchSlot& slot = m.batch_slots[m.next_batch_slot];
+    m.next_batch_slot = (m.next_batch_slot + 1) % kBatchSlots;
+    cuda_check(cudaEventSynchronize(slot.copied));  // its last copies have run: free to overwrite
+    int* host_inputs = slot.host;
+    int* host_targets = slot.host + capacity;
+    int* host_work = slot.host + 2 * capacity;
+    memcpy(host_inputs, inputs, BT * sizeof(int));
+    cuda_check(cudaMemcpyAsync(m.inputs, host_inputs, BT * sizeof(int), cudaMemcpyHostToDevice));
+    if (targets) {
+        memcpy(host_targets, targets, BT * sizeof(int));
+        cuda_check(cudaMemcpyAsync(m.targets, host_targets, BT * sizeof(int), cudaMemcpyHostToDevice));
+    }
+    memcpy(host_work, work.data(), work.size() * sizeof(int));
+    cuda_check(cudaMemcpyAsync(m.buckets, host_work, work.size() * sizeof(int), cudaMemcpyHostToDevice));
+    cuda_check(cudaEventRecord(slot.copied));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -564,16 +605,45 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     prof.mark(nullptr);
 }
 
-// Mean of the per-position losses of the last forward (synchronizes; fixed summation order).
-inline float gpt_mean_loss(GPT& m, int B, int T) {
-    const int BT = B * T;
-    cuda_check(cudaMemcpy(m.host_losses, m.stats.losses, BT * sizeof(float), cudaMemcpyDeviceToHost));
-    double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += m.host_losses[i];
-    return (float)(sum / BT);
+// *sum += the mean of losses[0..BT), rounded to float (the value the step reports per micro-batch).
+// One block, a fixed thread count and a fixed tree, in double: the same bits on every run and GPU.
+constexpr int kLossThreads = 1024;
+__global__ void __launch_bounds__(kLossThreads) loss_mean_kernel(double* sum, const float* losses, int BT) {
+    __shared__ double partial[kLossThreads];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < BT; i += kLossThreads) s += losses[i];
+    partial[threadIdx.x] = s;
+    __syncthreads();
+    for (int stride = kLossThreads / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *sum += (float)(partial[0] / BT);
 }
 
-inline void gpt_zero_grad(GPT& m) { cuda_check(cudaMemsetAsync(m.grads_memory, 0, m.num_params * sizeof(floatX))); }
+// Adds the last forward's mean loss to the step's loss sum, on the device: no synchronisation.
+inline void gpt_accumulate_loss(GPT& m, int B, int T) {
+    profiler().mark("fwd.loss");
+    loss_mean_kernel<<<1, kLossThreads>>>(&m.step->loss_sum, m.stats.losses, B * T);
+    cuda_check_launch();
+    profiler().mark(nullptr);
+}
+
+// Mean of the per-position losses of the last forward (synchronizes: for validation and tests).
+inline float gpt_mean_loss(GPT& m, int B, int T) {
+    cuda_check(cudaMemsetAsync(m.loss_scratch, 0, sizeof(double)));
+    loss_mean_kernel<<<1, kLossThreads>>>(m.loss_scratch, m.stats.losses, B * T);
+    cuda_check_launch();
+    double mean = 0.0;
+    cuda_check(cudaMemcpy(&mean, m.loss_scratch, sizeof(double), cudaMemcpyDeviceToHost));
+    return (float)mean;
+}
+
+// Starts an optimizer step: the gradients and the step's loss sum accumulate from zero.
+inline void gpt_zero_grad(GPT& m) {
+    cuda_check(cudaMemsetAsync(m.grads_memory, 0, m.num_params * sizeof(floatX)));
+    cuda_check(cudaMemsetAsync(m.step, 0, sizeof(StepStats)));
+}
 
 // Backward of the last forward (which must have had targets and a dloss). Gradients accumulate (+=)
 // into m.grads, so several micro-batches add up to one step.
@@ -650,35 +720,38 @@ inline void gpt_backward(GPT& m, int B, int T) {
     prof.mark(nullptr);
 }
 
-// Global gradient norm (synchronizes to return it).
-inline float gpt_grad_norm(GPT& m) {
+// Squared global gradient norm into m.step->norm_squared, for gpt_update (no synchronisation).
+inline void gpt_grad_norm_squared(GPT& m) {
     profiler().mark("opt.grad_norm");
-    global_norm_squared(m.norm_squared, m.norm_partials, m.grads_memory, m.num_params);
-    float norm_squared = 0.0f;
-    cuda_check(cudaMemcpy(&norm_squared, m.norm_squared, sizeof(float), cudaMemcpyDeviceToHost));
-    return std::sqrt(norm_squared);
+    global_norm_squared(&m.step->norm_squared, m.norm_partials, m.grads_memory, m.num_params);
 }
 
 struct AdamWConfig {
     float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
 };
 
-// One AdamW step (t counts from 1); grad_scale multiplies every gradient (clipping).
-inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad_scale) {
+// One AdamW step (t counts from 1) after gpt_grad_norm_squared: gradients clipped to global norm
+// grad_clip (<= 0: off); no update at all when the step's loss sum or gradient norm is non-finite.
+// The decision is the device's (adamw.cuh); read it afterwards with gpt_step_stats and step_finite.
+inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad_clip) {
     ParamTable table{};
     table.count = NUM_PARAM_TENSORS;
     table.decay_mask = PARAM_DECAY_MASK;
     size_t end = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) table.end[i] = (end += m.param_sizes[i]);
     AdamWHyper hyper{lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                     1.0f - std::pow(h.beta1, (float)t), 1.0f - std::pow(h.beta2, (float)t), grad_scale};
+                     1.0f - std::pow(h.beta1, (float)t), 1.0f - std::pow(h.beta2, (float)t), grad_clip, m.step};
     profiler().mark("opt.adamw");
     adamw_update(m.params_memory, m.master, m.grads_memory, m.adam_m, m.adam_v, m.num_params, table, hyper);
     profiler().mark(nullptr);
 }
 
-// PyTorch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); clip <= 0 disables clipping.
-inline float clip_scale(float norm, float clip) { return clip > 0.0f ? std::min(1.0f, clip / (norm + 1e-6f)) : 1.0f; }
+// The step's loss sum and squared gradient norm (synchronizes: call after the step's kernels).
+inline StepStats gpt_step_stats(GPT& m) {
+    StepStats s;
+    cuda_check(cudaMemcpy(&s, m.step, sizeof(StepStats), cudaMemcpyDeviceToHost));
+    return s;
+}
 
 // fp32 copy of the parameters (the master weights in bf16 builds), for checkpoints.
 inline std::vector<float> gpt_params_fp32(GPT& m) {
@@ -1227,30 +1300,34 @@ int main(int argc, char** argv) {
 
         const double t0 = now_seconds();
         profiler().discard();
+        // The whole step is enqueued without waiting on the GPU: the loss sum, the norm, the clipping
+        // factor and the skip decision live on the device until the one synchronisation below.
         gpt_zero_grad(m);
-        double loss_sum = 0.0;
         for (int micro = 0; micro < accum; micro++) {
             train.next(inputs, targets);
             gpt_set_batch(m, inputs.data(), targets.data(), o.B, o.T);
             gpt_forward(m, o.B, o.T, true, 1.0f / (float(o.B) * o.T * accum));  // the step's loss is the mean over all its tokens
+            gpt_accumulate_loss(m, o.B, o.T);
             gpt_backward(m, o.B, o.T);
-            loss_sum += gpt_mean_loss(m, o.B, o.T);
         }
-        train_loss = (float)(loss_sum / accum);
-        const float norm = gpt_grad_norm(m);
+        gpt_grad_norm_squared(m);
         const float lr = learning_rate(o, step);
-        if (!std::isfinite(train_loss) || !std::isfinite(norm)) {
+        gpt_update(m, adam, lr, step + 1, o.grad_clip);  // writes nothing if the loss or norm is non-finite
+        cuda_check(cudaDeviceSynchronize());
+        const double ms = (now_seconds() - t0) * 1e3;
+        const StepStats stats = gpt_step_stats(m);
+        train_loss = (float)(stats.loss_sum / accum);
+        const float norm = std::sqrt(stats.norm_squared);
+        if (!step_finite(stats)) {  // the device's decision, from the same two values
             bad_steps++;
-            fprintf(stderr, "warning: step %d: non-finite %s, update skipped\n", step + 1, std::isfinite(train_loss) ? "grad norm" : "loss");
+            fprintf(stderr, "warning: step %d: non-finite %s, update skipped\n", step + 1,
+                    std::isfinite(stats.loss_sum) ? "grad norm" : "loss");
             if (bad_steps >= 3)
                 fail("stopping at step %d: %d steps in a row had a non-finite loss or gradient norm (last good checkpoint: %s)",
                      step + 1, bad_steps, last_checkpoint >= 0 ? checkpoint_path(o.out_dir, "model", last_checkpoint).c_str() : "none");
         } else {
             bad_steps = 0;
-            gpt_update(m, adam, lr, step + 1, clip_scale(norm, o.grad_clip));
         }
-        cuda_check(cudaDeviceSynchronize());
-        const double ms = (now_seconds() - t0) * 1e3;
         if (step > state.step) profiler().collect();  // the first step includes one-time set-up
         else profiler().discard();
         step_ms.push_back(ms);
