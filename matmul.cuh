@@ -14,10 +14,17 @@
 //     (C, OC) matrix used transposed, and B = inp as stored, a (C, N) matrix. The backward's dinp
 //     (N, C) is the column-major (C, N) product A B with A = weight as stored, a (C, OC) matrix, and
 //     B = dout, an (OC, N) matrix.
-//   - The forward adds the bias in the cuBLASLt epilogue (no extra pass over `out`). When cuBLASLt
-//     offers no algorithm for a shape/alignment (odd sizes), or refuses the one it offered, a plain
-//     cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to be fused): the same
-//     result, unfused.
+//   - The forward adds the bias in the cuBLASLt epilogue (no extra pass over `out`); the backward's
+//     dinp goes through cuBLASLt too. When cuBLASLt offers no algorithm for a shape/alignment, or
+//     refuses the one it offered, or a leading dimension is not whole 16-byte vectors (see
+//     matmul_plan), a plain cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to
+//     be fused): the same result, unfused. dweight stays on cublasGemmEx (beta = 1): cuBLASLt's
+//     choices were no faster there (dev/cuda/matmul.cu).
+//   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's 16
+//     candidates among those whose output is bit for bit its first choice's. So the choice costs
+//     nothing in determinism. cuBLASLt's bias-gradient epilogues (BGRADB on dweight's GEMM,
+//     DGELU_BGRAD on fcproj's dinp) exist for our layouts but ran slower than the GEMM plus the
+//     matrix-vector dbias (lab, H100), so they are not used.
 //   - GELU fusion (train_gpt -ge): the MLP's fc matmul writes gelu(x W^T + b) as its output and the
 //     pre-activation as cuBLASLt's auxiliary output (CUBLASLT_EPILOGUE_GELU_AUX_BIAS), and the
 //     fcproj backward's dinp matmul multiplies by gelu'(pre-activation) read from the auxiliary input
@@ -248,6 +255,11 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogu
     plan.made = true;
     const bool uses_aux = ep == MatmulEpilogue::gelu || ep == MatmulEpilogue::dgelu;
     if (uses_aux && (m % 8 != 0 || align_aux < 16)) return plan;  // the auxiliary buffer's rules: unfused path
+    // Leading dimensions (m and k) of whole 16-byte vectors only: at others some of the heuristic's
+    // own candidates, its first choice among them for GELU', return wrong results (the lab's
+    // validation, k = 50 in bf16: errors of tens of bounds). Those shapes take plain cuBLAS.
+    const int per_vector = 16 / int(sizeof(T));
+    if (m % per_vector != 0 || k % per_vector != 0) return plan;
     BlasContext& b = blas();
     const cudaDataType_t type = cuda_data_type<T>();
     cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
