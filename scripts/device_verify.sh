@@ -20,9 +20,12 @@
 #   PART=5  the figures a closing note quotes, no checks: the attention side-by-side twice; training
 #           throughput at B=16, 32, 64 (breakdown at 64, memory with -r 1) beside PyTorch's at 32 and
 #           64; 200 steps of bf16 and of fp32 from the same seed (bf16 should track fp32).
+#   PART=6  stop 13's measurements before choosing: every lab --check (matmul and classifier
+#           included), the classifier's versions at training size, the unit tests, test/test_resume.sh,
+#           training throughput at B=64 with the breakdown (matmul tuning and the sync-free step).
 set -u
 PART=${PART:-1}
-[[ $PART == [12345] ]] || { echo "error: PART must be 1, 2, 3, 4 or 5, got '$PART'" >&2; exit 1; }
+[[ $PART == [123456] ]] || { echo "error: PART must be 1 to 6, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -106,6 +109,15 @@ elif [[ $PART == 5 ]]; then
         timeout 120 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
         echo "$p 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
     done
+elif [[ $PART == 6 ]]; then
+    lab_check
+    grep -E "^=== |passed, " "$log/lab_check.log"
+    step classifier ./dev/cuda/classifier 2 3 4 5 --rows 65536
+    grep -E "^  [0-9]+ +(fp32|bf16) |copy|not run" "$log/classifier.log"
+    step unit_tests bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    step test_resume bash test/test_resume.sh
+    prepare
+    OUT="$log" BATCHES="64" STEPS=20 TORCH=0 PROFILE_BATCHES="64" GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 40
 elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
