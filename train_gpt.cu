@@ -245,8 +245,9 @@ struct ActivationTensors {
     floatX* fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per layer
     floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer
     floatX* lnf;        // (B, T, C)
-    floatX* logits;     // (B, T, Vp)    overwritten by dlogits when the forward is given a dloss; dead after
-                        //               the LM head's backward, so the attention backward borrows it (GPT::flash_ds)
+    floatX* logits;     // (min(B T, kLogitsChunkRows), Vp): one chunk of rows' logits at a time, overwritten by
+                        //               dlogits when the forward is given a dloss; dead after the LM head's
+                        //               backward, so the attention backward borrows it (GPT::flash_ds)
     floatX* block_out;  // (B, T, C)     scratch: attention / MLP projection output before the residual add
     floatX* qkvr;       // (3, B, NH, T, HS) scratch: q, k, v per head
     floatX* yr;         // (B, NH, T, HS) scratch: attention output per head (dy per head in the backward)
@@ -271,6 +272,12 @@ struct StatTensors {
 };
 constexpr int NUM_STAT_TENSORS = sizeof(StatTensors) / sizeof(float*);
 
+// The LM head and classifier run over at most this many rows at a time (gpt_forward): at B = 64,
+// T = 1024 the logits of all rows would take 6.6 GB in bf16, two chunks take half. Larger chunks buy
+// nothing: each chunk's matmuls are already large (32768 x 50304 x 768).
+constexpr size_t kLogitsChunkRows = 32768;
+inline size_t logits_rows(size_t BT) { return std::min(BT, kLogitsChunkRows); }
+
 // With flash attention the (B, NH, T, T) tensors and the per-head scratch are not needed (size 0).
 // With recompute (GELU recomputed in the backward) fch_gelu holds one layer, not L.
 inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool recompute, size_t act[NUM_ACT_TENSORS],
@@ -279,7 +286,7 @@ inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool 
     const size_t LG = recompute ? 1 : L;  // layers of fch_gelu kept
     const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * C,     L * BT * 3 * C, L * BT * C,     L * B * NH * TT,
                                        L * BT * C, L * BT * C,     L * BT * 4 * C, LG * BT * 4 * C, L * BT * C,
-                                       BT * C,     BT * c.Vp,      BT * C,         heads * 3 * BT * C, heads * BT * C,
+                                       BT * C,     logits_rows(BT) * c.Vp, BT * C, heads * 3 * BT * C, heads * BT * C,
                                        BT * C,     BT * C,         BT * 4 * C,     heads * 3 * BT * C, size_t(B) * NH * TT};
     const size_t s[NUM_STAT_TENSORS] = {L * BT, L * BT, L * BT, L * BT, BT, BT, BT, flash ? L * NH * BT : 0};
     std::copy(a, a + NUM_ACT_TENSORS, act);
@@ -415,7 +422,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
         // dS lets the attention backward skip recomputing the scores for dq (flash_attention.cuh). The
         // logits buffer holds nothing live between the LM head's backward and the next forward.
         const size_t ds_bytes = flash_attention_backward_ds_bytes(B, T, NH, HS);
-        const size_t logits_bytes = size_t(BT) * m.config.Vp * sizeof(floatX);
+        const size_t logits_bytes = logits_rows(BT) * m.config.Vp * sizeof(floatX);
         if (ds_bytes <= logits_bytes) m.flash_ds = m.acts.logits, m.flash_ds_bytes = logits_bytes;
         else m.flash_ds = m.flash_ds_memory = gpt_alloc<void>(m, ds_bytes, "flash attention dS"), m.flash_ds_bytes = ds_bytes;
     }
@@ -538,8 +545,11 @@ inline Profiler& profiler() {
 
 // ---------------------------------------------------------------------------------------------
 // Forward. With `dloss` != 0 the classifier also turns the logits into dlogits (scaled by dloss, the
-// weight of each position's loss in the step's mean loss), ready for gpt_backward. With targets =
-// false, the logits are left as they are (sampling).
+// weight of each position's loss in the step's mean loss) and the LM head's backward runs at once:
+// a.dln receives the gradient of lnf and g.wte the head's share of its gradient, ready for
+// gpt_backward. The head runs over chunks of kLogitsChunkRows rows, so the logits buffer holds one
+// chunk (with two chunks g.wte takes two bf16 += where one matmul did one, as with micro-batches).
+// With targets = false the logits are left as they are (sampling), which needs B T <= kLogitsChunkRows.
 
 inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     const GPTConfig& c = m.config;
@@ -598,10 +608,20 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
             fused_residual_layernorm_forward(residual3, a.lnf, s.lnf_mean, s.lnf_rstd, residual2, a.block_out, p.lnfw,
                                              p.lnfb, BT, C);
     }
-    prof.mark("fwd.matmul");
-    matmul_forward(a.logits, a.lnf, p.wte, (const floatX*)nullptr, BT, C, c.Vp);  // LM head tied to wte
-    prof.mark("fwd.classifier");
-    if (targets) fused_classifier(a.logits, s.losses, m.targets, dloss, BT, c.V, c.Vp);
+    if (!targets && size_t(BT) > kLogitsChunkRows)
+        fail("gpt_forward: logits without targets are kept for at most %zu rows, asked for %d", kLogitsChunkRows, BT);
+    for (int r0 = 0; r0 < BT; r0 += (int)kLogitsChunkRows) {
+        const int rows = std::min(BT - r0, (int)kLogitsChunkRows);
+        prof.mark("fwd.matmul");
+        matmul_forward(a.logits, a.lnf + size_t(r0) * C, p.wte, (const floatX*)nullptr, rows, C, c.Vp);  // tied to wte
+        if (!targets) continue;
+        prof.mark("fwd.classifier");
+        fused_classifier(a.logits, s.losses + r0, m.targets + r0, dloss, rows, c.V, c.Vp);
+        if (dloss == 0.0f) continue;
+        prof.mark("bwd.matmul");  // the LM head's backward, counted with the backward's matmuls
+        matmul_backward(a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, a.logits, a.lnf + size_t(r0) * C, p.wte,
+                        rows, C, c.Vp);
+    }
     prof.mark(nullptr);
 }
 
@@ -659,9 +679,7 @@ inline void gpt_backward(GPT& m, int B, int T) {
     Profiler& prof = profiler();
     prof.mark("bwd.other");
     cuda_check(cudaMemsetAsync(a.dresidual, 0, btc * sizeof(floatX)));
-    // LM head: a.logits holds dlogits now.
-    prof.mark("bwd.matmul");
-    matmul_backward(a.dln, g.wte, (floatX*)nullptr, a.logits, a.lnf, p.wte, BT, C, c.Vp);
+    // The LM head's backward ran in gpt_forward: a.dln holds the gradient of lnf.
     prof.mark("bwd.layernorm");
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, m.ln_scratch, a.dln, a.residual3 + (L - 1) * btc, p.lnfw, s.lnf_mean,
                        s.lnf_rstd, BT, C);
