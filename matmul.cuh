@@ -20,8 +20,9 @@
 //     matmul_plan), a plain cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to
 //     be fused): the same result, unfused. dweight stays on cublasGemmEx (beta = 1): cuBLASLt's
 //     choices were no faster there (dev/cuda/matmul.cu).
-//   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's 16
-//     candidates among those whose output is bit for bit its first choice's. So the choice costs
+//   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's
+//     candidates (up to 16 asked; it offered at most 8 for GPT-2's shapes on the H100) among those
+//     whose output is bit for bit its first choice's. So the choice costs
 //     nothing in determinism. cuBLASLt's bias-gradient epilogues (BGRADB on dweight's GEMM,
 //     DGELU_BGRAD on fcproj's dinp) exist for our layouts but ran slower than the GEMM plus the
 //     matrix-vector dbias (lab, H100), so they are not used.
