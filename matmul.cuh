@@ -87,9 +87,8 @@ struct BlasContext {
     // Matmuls asked to fuse GELU (forward or backward): how many ran in a cuBLASLt epilogue, how
     // many took the unfused path (no algorithm for the shape/alignment). Reported by the programs.
     size_t gelu_fused = 0, gelu_unfused = 0;
-    // Algorithm tuning (matmul_tune): on unless a program turns it off; plans tuned, and how many of
-    // them kept an algorithm other than the heuristic's first choice. hash: one device word for it.
-    bool tune = true;
+    // Algorithm tuning (matmul_tune): plans tuned, and how many of them kept an algorithm other than
+    // the heuristic's first choice. hash: one device word for it.
     size_t tuned_plans = 0, tuned_changed = 0;
     unsigned long long* hash = nullptr;
 };
@@ -393,7 +392,7 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
         if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
         return status == CUBLAS_STATUS_SUCCESS;
     };
-    if (!plan.tuned && b.tune)
+    if (!plan.tuned)
         matmul_tune<T>(plan, run, D, ep == MatmulEpilogue::gelu ? aux : nullptr, size_t(m) * n, stream);
     if (run(plan.algo)) return true;
     plan.has_algo = false;  // this case is not for cuBLASLt: the plain path from now on
