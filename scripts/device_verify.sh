@@ -23,9 +23,12 @@
 #   PART=6  stop 13's measurements before choosing: every lab --check (matmul and classifier
 #           included), the classifier's versions at training size, the unit tests, test/test_resume.sh,
 #           training throughput at B=64 with the breakdown (matmul tuning and the sync-free step).
+#   PART=7  stop 14's A/B, quickly: build; test/test_gpt.sh; the LayerNorm and attention backward labs'
+#           --check; then B=64 training with the side stream off and on (-ov 0/1; the 20 losses must
+#           match bit for bit) and the breakdown of each.
 set -u
 PART=${PART:-1}
-[[ $PART == [123456] ]] || { echo "error: PART must be 1 to 6, got '$PART'" >&2; exit 1; }
+[[ $PART == [1234567] ]] || { echo "error: PART must be 1 to 7, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -118,6 +121,23 @@ elif [[ $PART == 6 ]]; then
     step test_resume bash test/test_resume.sh
     prepare
     OUT="$log" BATCHES="64" STEPS=20 TORCH=0 PROFILE_BATCHES="64" GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 40
+elif [[ $PART == 7 ]]; then
+    step test_gpt bash test/test_gpt.sh
+    grep -E "overlap|determinism" "$log/test_gpt.log" | sort | uniq -c
+    for p in layernorm_backward attention_backward; do step check_$p ./dev/cuda/$p --check; done
+    prepare
+    for ov in 0 1; do
+        ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 -ov $ov > "$log/b64_ov$ov.log" 2>&1
+        echo "-ov $ov B=64 (rc $?): $(grep -E '^done' "$log/b64_ov$ov.log")"
+        grep -E '^step +[0-9]+/' "$log/b64_ov$ov.log" | awk '{print $5}' > "$log/losses_ov$ov.txt"
+    done
+    cmp -s "$log/losses_ov0.txt" "$log/losses_ov1.txt" && echo "losses -ov 0 and 1: bit-identical ($(tail -n 1 "$log/losses_ov1.txt"))" ||
+        { echo "losses -ov 0 and 1: DIFFERENT"; paste "$log/losses_ov0.txt" "$log/losses_ov1.txt" | tail -n 5; }
+    for ov in 0 1; do
+        ./train_gpt_bf16 -b 64 -x 12 -v 0 -s 0 -pf 1 -ov $ov > "$log/profile_ov$ov.log" 2>&1
+        echo "breakdown -ov $ov: $(grep -E '^done' "$log/profile_ov$ov.log")"
+        sed -n '/^GPU time per step/,$p' "$log/profile_ov$ov.log"
+    done
 elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
