@@ -317,6 +317,9 @@ constexpr int kBatchSlots = 4;
 struct BatchSlot {
     int* host = nullptr;            // pinned: inputs (B*T) | targets (B*T) | encoder-backward work
     cudaEvent_t copied = nullptr;   // recorded after the slot's copies
+    TokenBuckets buckets;           // the batch's encoder-backward work, grouped on the host
+    int tokens = 0;                 // B*T of the batch staged here
+    bool has_targets = false;
 };
 
 struct GPT {
@@ -353,11 +356,11 @@ struct GPT {
     double* loss_scratch = nullptr;  // (1) gpt_mean_loss's sum
     int* inputs = nullptr;   // (B, T) device
     int* targets = nullptr;  // (B, T) device
-    int* buckets = nullptr;  // encoder-backward work of the current batch: host_buckets.packed on the device
-    TokenBuckets host_buckets;
+    int* buckets = nullptr;  // encoder-backward work of the current batch: its slot's buckets.packed on the device
     float* encoder_partials = nullptr;  // encoder backward's fp32 partial rows of split tokens
     BatchSlot batch_slots[kBatchSlots];  // pinned staging of the last kBatchSlots batches (gpt_set_batch)
     int next_batch_slot = 0;
+    int batch_slot = 0;  // the slot of the batch on the device (its buckets drive the encoder backward)
     size_t bytes_allocated = 0;
 };
 
@@ -466,32 +469,45 @@ inline void gpt_free(GPT& m) {
     m = GPT();
 }
 
-// Copies one batch to the device: inputs (B, T) and optionally targets, both host arrays of token ids
-// already validated against V. Also groups the positions by token for the encoder backward. The
-// copies are asynchronous, from a pinned slot (see kBatchSlots): the caller may overwrite its arrays
-// at once. The device buffers are rewritten in stream order, after the previous batch's kernels.
-inline void gpt_set_batch(GPT& m, const int* inputs, const int* targets, int B, int T) {
+// A batch goes to the device in two halves. gpt_stage_batch does the host's work: checks the shape,
+// groups the positions by token for the encoder backward, and copies inputs, targets (optional) and
+// that work into a pinned slot (see kBatchSlots); it returns the slot, and the caller may overwrite
+// its arrays at once. The training loop stages the next step's batch while the GPU runs this one, so
+// the GPU does not idle on it. gpt_upload_batch enqueues the slot's copies: the device buffers are
+// rewritten in stream order, after the previous batch's kernels. Stage, then upload, in order, with at
+// most kBatchSlots - 1 other batches set in between (they would take the staged slot).
+inline int gpt_stage_batch(GPT& m, const int* inputs, const int* targets, int B, int T) {
     if (B < 1 || T < 1 || B * T > m.B * m.T || T > m.config.maxT) fail("batch %dx%d does not fit the model buffers", B, T);
     const int BT = B * T;
     const size_t capacity = size_t(m.B) * m.T;
-    m.host_buckets.build(inputs, BT, m.config.V);
-    const std::vector<int>& work = m.host_buckets.packed;
-    if (work.size() > encoder_backward_work_ints(int(capacity))) fail("encoder backward work (%zu ints) overflows its buffer", work.size());
-    BatchSlot& slot = m.batch_slots[m.next_batch_slot];
+    const int index = m.next_batch_slot;
+    BatchSlot& slot = m.batch_slots[index];
     m.next_batch_slot = (m.next_batch_slot + 1) % kBatchSlots;
     cuda_check(cudaEventSynchronize(slot.copied));  // its last copies have run: free to overwrite
-    int* host_inputs = slot.host;
-    int* host_targets = slot.host + capacity;
-    int* host_work = slot.host + 2 * capacity;
-    memcpy(host_inputs, inputs, BT * sizeof(int));
-    cuda_check(cudaMemcpyAsync(m.inputs, host_inputs, BT * sizeof(int), cudaMemcpyHostToDevice));
-    if (targets) {
-        memcpy(host_targets, targets, BT * sizeof(int));
-        cuda_check(cudaMemcpyAsync(m.targets, host_targets, BT * sizeof(int), cudaMemcpyHostToDevice));
-    }
-    memcpy(host_work, work.data(), work.size() * sizeof(int));
-    cuda_check(cudaMemcpyAsync(m.buckets, host_work, work.size() * sizeof(int), cudaMemcpyHostToDevice));
+    slot.buckets.build(inputs, BT, m.config.V);
+    const std::vector<int>& work = slot.buckets.packed;
+    if (work.size() > encoder_backward_work_ints(int(capacity))) fail("encoder backward work (%zu ints) overflows its buffer", work.size());
+    slot.tokens = BT, slot.has_targets = targets != nullptr;
+    memcpy(slot.host, inputs, BT * sizeof(int));
+    if (targets) memcpy(slot.host + capacity, targets, BT * sizeof(int));
+    memcpy(slot.host + 2 * capacity, work.data(), work.size() * sizeof(int));
+    return index;
+}
+
+inline void gpt_upload_batch(GPT& m, int index) {
+    BatchSlot& slot = m.batch_slots[index];
+    const size_t capacity = size_t(m.B) * m.T;
+    cuda_check(cudaMemcpyAsync(m.inputs, slot.host, slot.tokens * sizeof(int), cudaMemcpyHostToDevice));
+    if (slot.has_targets)
+        cuda_check(cudaMemcpyAsync(m.targets, slot.host + capacity, slot.tokens * sizeof(int), cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpyAsync(m.buckets, slot.host + 2 * capacity, slot.buckets.packed.size() * sizeof(int),
+                               cudaMemcpyHostToDevice));
     cuda_check(cudaEventRecord(slot.copied));
+    m.batch_slot = index;
+}
+
+inline void gpt_set_batch(GPT& m, const int* inputs, const int* targets, int B, int T) {
+    gpt_upload_batch(m, gpt_stage_batch(m, inputs, targets, B, T));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -731,11 +747,11 @@ inline void gpt_backward(GPT& m, int B, int T) {
             prof.mark("bwd.gelu");
             gelu_forward(fch_gelu, fch, 4 * btc);
         }
+        prof.mark("bwd.matmul");  // (with -ov 1 the side stream's time is in no phase: it overlaps the main's)
         to_side();
         matmul_backward_weight(g.fcprojw + size_t(l) * 4 * C * C, g.fcprojb + size_t(l) * C, a.dresidual, fch_gelu, BT,
                                4 * C, C, side);
         side_done(m.fcproj_done);
-        prof.mark("bwd.matmul");
         main_waits(m.qkv_done);  // the layer above's qkv weight gradient reads dbig (its dqkv)
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
         matmul_backward_input(a.dbig, a.dresidual, p.fcprojw + size_t(l) * 4 * C * C, BT, 4 * C, C,
@@ -743,11 +759,11 @@ inline void gpt_backward(GPT& m, int B, int T) {
         if (m.gelu_fusion < 2) {
             prof.mark("bwd.gelu");
             gelu_backward_inplace(a.dbig, fch, 4 * btc);
+            prof.mark("bwd.matmul");
         }
         to_side();
         matmul_backward_weight(g.fcw + size_t(l) * 4 * C * C, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, BT, C, 4 * C, side);
         side_done(m.fc_done);
-        prof.mark("bwd.matmul");
         matmul_backward_input(a.dln, a.dbig, p.fcw + size_t(l) * 4 * C * C, BT, C, 4 * C);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
@@ -755,10 +771,10 @@ inline void gpt_backward(GPT& m, int B, int T) {
         layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
                            s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C);
         // Attention. dln now holds the gradient of atty, dbig that of qkv.
+        prof.mark("bwd.matmul");
         to_side();
         matmul_backward_weight(g.attprojw + size_t(l) * C * C, g.attprojb + size_t(l) * C, a.dresidual, atty, BT, C, C, side);
         side_done(m.attproj_done);
-        prof.mark("bwd.matmul");
         matmul_backward_input(a.dln, a.dresidual, p.attprojw + size_t(l) * C * C, BT, C, C);
         prof.mark("bwd.attention");
         main_waits(m.fc_done);  // fc's weight gradient reads dbig (dfc), which the attention backward rewrites
@@ -768,10 +784,10 @@ inline void gpt_backward(GPT& m, int B, int T) {
                                      C / NH, 0, m.flash_ds, m.flash_ds_bytes);
 #endif
         if (!m.flash) attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
+        prof.mark("bwd.matmul");
         to_side();
         matmul_backward_weight(g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, a.dbig, ln1, BT, C, 3 * C, side);
         side_done(m.qkv_done);
-        prof.mark("bwd.matmul");
         matmul_backward_input(a.dln, a.dbig, p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C);
         // += into dresidual: it becomes the gradient of this layer's input x.
         prof.mark("bwd.layernorm");
@@ -780,7 +796,8 @@ inline void gpt_backward(GPT& m, int B, int T) {
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C);
     }
     prof.mark("bwd.encoder");
-    encoder_backward(g.wte, g.wpe, m.encoder_partials, a.dresidual, m.buckets, m.host_buckets, B, T, C);
+    encoder_backward(g.wte, g.wpe, m.encoder_partials, a.dresidual, m.buckets, m.batch_slots[m.batch_slot].buckets, B, T,
+                     C);
     prof.mark("bwd.join");
     main_waits(m.qkv_done);  // the side stream's last work: everything after (the next forward, the optimizer) sees it all
     prof.mark(nullptr);
@@ -1365,27 +1382,48 @@ int main(int argc, char** argv) {
 
     // 3. Train. `step` counts completed optimizer steps.
     const double start = now_seconds();
+    auto validates = [&](int step) { return o.val_every > 0 && step % o.val_every == 0; };
+    auto samples = [&](int step) { return o.sample_every > 0 && step > 0 && step % o.sample_every == 0; };
+    auto checkpoints = [&](int step) { return !o.out_dir.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0; };
+    int staged = -1;         // the slot of the next training batch, staged while the GPU ran the step before
+    double last_end = NAN;   // when the previous step's synchronisation returned
     for (int step = state.step; step < o.max_steps; step++) {
-        if (o.val_every > 0 && step % o.val_every == 0) validate(step);
-        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) sample(step);
+        const bool interrupted = validates(step) || samples(step) || checkpoints(step);  // (the last step ended with one)
+        if (validates(step)) validate(step);
+        if (samples(step)) sample(step);
 
-        const double t0 = now_seconds();
+        // A step's time runs from the previous step's end (its printing and logging included), or from
+        // here after validation, sampling or a checkpoint, to its own synchronisation.
+        const double t0 = interrupted || std::isnan(last_end) ? now_seconds() : last_end;
         profiler().discard();
         // The whole step is enqueued without waiting on the GPU: the loss sum, the norm, the clipping
-        // factor and the skip decision live on the device until the one synchronisation below.
+        // factor and the skip decision live on the device until the one synchronisation below. Each
+        // batch's host work (reading, grouping tokens, pinned copy) is done while the GPU runs the
+        // micro-batch before, this step's or the last step's; not across validation, sampling or a
+        // checkpoint, which use the slots or record the loader's position.
         gpt_zero_grad(m);
         for (int micro = 0; micro < accum; micro++) {
-            train.next(inputs, targets);
-            gpt_set_batch(m, inputs.data(), targets.data(), o.B, o.T);
+            if (staged < 0) {
+                train.next(inputs, targets);
+                staged = gpt_stage_batch(m, inputs.data(), targets.data(), o.B, o.T);
+            }
+            gpt_upload_batch(m, staged);
+            staged = -1;
             gpt_forward(m, o.B, o.T, true, 1.0f / (float(o.B) * o.T * accum));  // the step's loss is the mean over all its tokens
             gpt_accumulate_loss(m, o.B, o.T);
             gpt_backward(m, o.B, o.T);
+            const bool last = micro + 1 == accum;
+            if (!last || (step + 1 < o.max_steps && !checkpoints(step + 1) && !validates(step + 1) && !samples(step + 1))) {
+                train.next(inputs, targets);
+                staged = gpt_stage_batch(m, inputs.data(), targets.data(), o.B, o.T);
+            }
         }
         gpt_grad_norm_squared(m);
         const float lr = learning_rate(o, step);
         gpt_update(m, adam, lr, step + 1, o.grad_clip);  // writes nothing if the loss or norm is non-finite
         cuda_check(cudaDeviceSynchronize());
-        const double ms = (now_seconds() - t0) * 1e3;
+        last_end = now_seconds();
+        const double ms = (last_end - t0) * 1e3;
         const StepStats stats = gpt_step_stats(m);
         train_loss = (float)(stats.loss_sum / accum);
         const float norm = std::sqrt(stats.norm_squared);
@@ -1410,7 +1448,7 @@ int main(int argc, char** argv) {
         printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s\n", step + 1,
                o.max_steps, train_loss, norm, lr, ms, tok_s, 100.0 * flops_per_token * tok_s / peak_flops, format_duration(eta).c_str());
         if (log) fprintf(log, "s:%d trl:%.6f\n", step + 1, train_loss), fflush(log);
-        if (!o.out_dir.empty() && o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) checkpoint(step + 1);
+        if (checkpoints(step + 1)) checkpoint(step + 1);
     }
     if (o.val_every > 0) validate(o.max_steps);
     if (o.sample_every > 0) sample(o.max_steps);
