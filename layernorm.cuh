@@ -7,7 +7,8 @@
 //             backward (which reads r) sees exactly the values the forward normalized.
 //   backward  from the cached mean and rstd (x is read once, never re-reduced):
 //             n = (x - m) * s, g = w * dy, dx += s * (g - mean(g) - n * mean(g * n)),
-//             dweight += sum over rows of n * dy, dbias += sum over rows of dy.
+//             dweight += sum over rows of n * dy, dbias += sum over rows of dy;
+//             optionally next_dbias += sum over rows of dx (the updated dx, as stored in T).
 //
 // Non-obvious choices:
 //   - dx, dweight and dbias ACCUMULATE (+=). In GPT-2 the LayerNorm input is the residual stream,
@@ -22,6 +23,16 @@
 //     depends on the SM count, so a different GPU model may round differently).
 //   - The scratch needs no zeroing: every block overwrites its whole partial row. Its size is
 //     layernorm_backward_scratch_bytes(N, C), which queries the current device.
+//   - next_dbias: in GPT-2 the tensor this backward updates in place, the residual stream's gradient,
+//     is also the output gradient of the linear layer before it (attproj, fcproj), whose bias gradient
+//     is its column sum; summed here, while each dx is in registers, that costs no read of the N x C
+//     tensor (a separate column sum reads it all again). The sums are of the values as stored
+//     (rounded to T), in fp32, over the same fixed partition as dweight/dbias: a third section of
+//     each partial row, summed by the same finalize and rounded into T once. The vector kernel keeps
+//     each thread's 16 running sums in shared memory (private slots, no barrier), not registers: it
+//     already uses all 128 registers at 512 threads, and 16 more would spill. A template bool
+//     (COLSUM) selects it, so without next_dbias the kernels compile to exactly the code they were.
+//     The scratch is sized for it (3 C floats per partial row instead of 2).
 //   - Two paths each. The vector path (C a multiple of 16 / sizeof(T), every pointer 16-byte
 //     aligned, C <= 16384 forward, C <= 8192 backward) keeps the row in registers:
 //     one read of x (128-bit loads, all issued before the first use), a two-pass
@@ -239,22 +250,29 @@ template <typename T, int K> struct BackwardRow {
     float mean, rstd;
 };
 
-// Dynamic shared memory of the vector kernel: the fold of the row groups' sums (2 C floats, when a
-// block holds several rows) and, with PREFETCH, two stages of every thread's x/dy/dx vectors and
-// its row's mean/rstd.
+// Dynamic shared memory of the vector kernel: the fold of the row groups' sums (2 C floats, 3 C with
+// COLSUM, when a block holds several rows) and, with PREFETCH, two stages of every thread's x/dy/dx
+// vectors and its row's mean/rstd; with COLSUM then every thread's column sums.
 template <typename T, int WPR, bool PREFETCH> __host__ __device__ constexpr size_t backward_stage_bytes() {
     constexpr int K = kBackwardColsPerThread / Vec128<T>::size;
     return PREFETCH ? size_t(2) * (3 * K * sizeof(int4) + sizeof(float2)) * backward_block_threads<WPR>() : 0;
 }
+// With COLSUM, after the stages: every thread's running column sums of the dx it wrote, 16 floats
+// (4 float4 slots) per thread, slot [q][thread] so that a warp's 128-bit accesses never conflict.
+template <int WPR, bool COLSUM> __host__ __device__ constexpr size_t backward_colsum_bytes() {
+    return COLSUM ? size_t(kBackwardColsPerThread) * sizeof(float) * backward_block_threads<WPR>() : 0;
+}
 
-template <typename T, int WPR, bool PREFETCH>
+// COLSUM: also sums the dx it writes over its rows (partial row section [2C, 3C)); see the top comment.
+template <typename T, int WPR, bool PREFETCH, bool COLSUM = false>
 __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
     layernorm_backward_vec_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
                                   const float* mean, const float* rstd, int N, int C) {
     constexpr int BLOCK = backward_block_threads<WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
-    constexpr int K = kBackwardColsPerThread / VS;
+    constexpr int K = kBackwardColsPerThread / VS, Q = VS / 4;  // Q: float4 column-sum slots per vector
+    constexpr int SECTIONS = COLSUM ? 3 : 2;  // floats per column in a partial row: dweight, dbias(, dx sums)
     __shared__ float2 buf[2][BLOCK / 32];
-    extern __shared__ float fold[];  // [2 * C] when ROWS > 1, then the prefetch stages
+    extern __shared__ float fold[];  // [SECTIONS * C] when ROWS > 1, then the prefetch stages, then the column sums
     const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
     const int nvec = C / VS;
 
@@ -287,8 +305,14 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
         r.mean = mean[rowc], r.rstd = rstd[rowc];
     };
     // The prefetch stages: [stage][x, dy, dx][k][thread] vectors, then [stage][thread] (mean, rstd).
-    int4* stage = reinterpret_cast<int4*>(fold + (ROWS > 1 ? 2 * C : 0));
+    int4* stage = reinterpret_cast<int4*>(fold + (ROWS > 1 ? SECTIONS * C : 0));
     float2* stage_stats = reinterpret_cast<float2*>(stage + 2 * 3 * K * BLOCK);
+    // Column sums, slot (k, h) holds columns (k * TPR + t) * VS + 4h .. + 3; each thread touches only its own.
+    float4* colsum = reinterpret_cast<float4*>(reinterpret_cast<char*>(stage) + backward_stage_bytes<T, WPR, PREFETCH>());
+    auto colsum_slot = [&](int k, int h) -> float4& { return colsum[(k * Q + h) * BLOCK + threadIdx.x]; };
+    if constexpr (COLSUM)
+#pragma unroll
+        for (int q = 0; q < K * Q; q++) colsum_slot(0, q) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     auto slot = [&](int st, int a, int k) { return stage + ((st * 3 + a) * K + k) * BLOCK + threadIdx.x; };
     auto prefetch_row = [&](int row, int st) {
         const int rowc = min(row, N - 1);
@@ -368,19 +392,36 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
                         dx[j] = from_float<T>(to_float(cur.dx[k][j]) + s * (g - mean_g - n * mean_gn));
                     }
                     dx.store(dinp + offset + size_t(i) * VS);
+                    if constexpr (COLSUM) {  // the values as stored, rounded to T
+#pragma unroll
+                        for (int h = 0; h < Q; h++) {
+                            float4 a = colsum_slot(k, h);
+                            a.x += to_float(dx[4 * h]), a.y += to_float(dx[4 * h + 1]);
+                            a.z += to_float(dx[4 * h + 2]), a.w += to_float(dx[4 * h + 3]);
+                            colsum_slot(k, h) = a;
+                        }
+                    }
                 }
             }
         }
     }
 
-    float* out = partials + size_t(blockIdx.x) * 2 * C;
+    // This thread's column sum of column i * VS + j (COLSUM only).
+    auto colsum_of = [&](int k, int j) {
+        const float4 a = colsum_slot(k, j / 4);
+        return j % 4 == 0 ? a.x : j % 4 == 1 ? a.y : j % 4 == 2 ? a.z : a.w;
+    };
+    float* out = partials + size_t(blockIdx.x) * SECTIONS * C;
     if constexpr (ROWS == 1) {
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int i = k * TPR + t;
             if (i < nvec)
 #pragma unroll
-                for (int j = 0; j < VS; j++) out[i * VS + j] = dw[k][j], out[C + i * VS + j] = db[k][j];
+                for (int j = 0; j < VS; j++) {
+                    out[i * VS + j] = dw[k][j], out[C + i * VS + j] = db[k][j];
+                    if constexpr (COLSUM) out[2 * C + i * VS + j] = colsum_of(k, j);
+                }
         }
     } else {
         for (int r = 0; r < ROWS; r++) {  // fixed order over row groups: deterministic
@@ -394,26 +435,34 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
                             const int c = i * VS + j;
                             fold[c] = r == 0 ? dw[k][j] : fold[c] + dw[k][j];
                             fold[C + c] = r == 0 ? db[k][j] : fold[C + c] + db[k][j];
+                            if constexpr (COLSUM)
+                                fold[2 * C + c] = r == 0 ? colsum_of(k, j) : fold[2 * C + c] + colsum_of(k, j);
                         }
                 }
             }
             __syncthreads();
         }
-        for (int c = threadIdx.x; c < 2 * C; c += BLOCK) out[c] = fold[c];
+        for (int c = threadIdx.x; c < SECTIONS * C; c += BLOCK) out[c] = fold[c];
     }
 }
 
 // Backward, general path: persistent grid of blocks of 256 threads, one row at a time per block,
-// scalar accesses; the block's dweight/dbias sums live in its own partial row of the scratch (each
-// column owned by one thread, so plain read-modify-write, no atomics).
-template <typename T>
+// scalar accesses; the block's dweight/dbias sums (and with COLSUM its sums of the dx it wrote) live in
+// its own partial row of the scratch (each column owned by one thread, so plain read-modify-write, no
+// atomics).
+template <typename T, bool COLSUM = false>
 __global__ void __launch_bounds__(256)
     layernorm_backward_general_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
                                       const float* mean, const float* rstd, int N, int C) {
+    constexpr int SECTIONS = COLSUM ? 3 : 2;
     __shared__ float2 buf[2][8];
-    float* pw = partials + size_t(blockIdx.x) * 2 * C;
+    float* pw = partials + size_t(blockIdx.x) * SECTIONS * C;
     float* pb = pw + C;
-    for (int c = threadIdx.x; c < C; c += 256) pw[c] = pb[c] = 0.0f;
+    float* pc = pb + C;  // COLSUM only
+    for (int c = threadIdx.x; c < C; c += 256) {
+        pw[c] = pb[c] = 0.0f;
+        if constexpr (COLSUM) pc[c] = 0.0f;
+    }
     int parity = 0;
     for (int row = blockIdx.x; row < N; row += gridDim.x, parity ^= 1) {
         const size_t offset = size_t(row) * C;
@@ -429,36 +478,47 @@ __global__ void __launch_bounds__(256)
         for (int c = threadIdx.x; c < C; c += 256) {
             const float n = (to_float(inp[offset + c]) - m) * s, dy = to_float(dout[offset + c]);
             const float g = to_float(weight[c]) * dy;
-            dinp[offset + c] = from_float<T>(to_float(dinp[offset + c]) + s * (g - mean_g - n * mean_gn));
+            const T dx = from_float<T>(to_float(dinp[offset + c]) + s * (g - mean_g - n * mean_gn));
+            dinp[offset + c] = dx;
             pw[c] += n * dy;
             pb[c] += dy;
+            if constexpr (COLSUM) pc[c] += to_float(dx);
         }
     }
 }
 
-// Sums the P partial rows in a fixed order and adds them into dweight / dbias. Block: 32 columns x 32
-// slices of the partials; each slice sums P / 32 partials, then slice sums are added in slice order.
-template <typename T>
+// Sums the P partial rows in a fixed order and adds them into dweight / dbias (and with COLSUM the dx
+// column sums into next_dbias, unused otherwise). Block: 32 columns x 32 slices of the partials; each
+// slice sums P / 32 partials, then slice sums are added in slice order.
+template <typename T, bool COLSUM = false>
 __global__ void __launch_bounds__(1024)
-    layernorm_backward_finalize_kernel(T* dweight, T* dbias, const float* partials, int P, int C) {
+    layernorm_backward_finalize_kernel(T* dweight, T* dbias, T* next_dbias, const float* partials, int P, int C) {
+    constexpr int SECTIONS = COLSUM ? 3 : 2;
     __shared__ float sw[32][33], sb[32][33];
+    __shared__ float sx[COLSUM ? 32 : 1][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
-    float w = 0.0f, b = 0.0f;
+    float w = 0.0f, b = 0.0f, x = 0.0f;
     if (c < C) {
 #pragma unroll 8
         for (int p = threadIdx.y; p < P; p += 32) {
-            w += partials[size_t(p) * 2 * C + c];
-            b += partials[size_t(p) * 2 * C + C + c];
+            w += partials[size_t(p) * SECTIONS * C + c];
+            b += partials[size_t(p) * SECTIONS * C + C + c];
+            if constexpr (COLSUM) x += partials[size_t(p) * SECTIONS * C + 2 * C + c];
         }
     }
     sw[threadIdx.y][threadIdx.x] = w;
     sb[threadIdx.y][threadIdx.x] = b;
+    if constexpr (COLSUM) sx[threadIdx.y][threadIdx.x] = x;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        w = b = 0.0f;
-        for (int y = 0; y < 32; y++) w += sw[y][threadIdx.x], b += sb[y][threadIdx.x];
+        w = b = x = 0.0f;
+        for (int y = 0; y < 32; y++) {
+            w += sw[y][threadIdx.x], b += sb[y][threadIdx.x];
+            if constexpr (COLSUM) x += sx[y][threadIdx.x];
+        }
         dweight[c] = from_float<T>(to_float(dweight[c]) + w);
         dbias[c] = from_float<T>(to_float(dbias[c]) + b);
+        if constexpr (COLSUM) next_dbias[c] = from_float<T>(to_float(next_dbias[c]) + x);
     }
 }
 
@@ -535,71 +595,90 @@ void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1
 template <typename T> constexpr bool kBackwardPrefetch = sizeof(T) == 2;
 
 // Launch shape of the backward vector kernel: every block resident at once (persistent grid), so the
-// partial count (the grid) is small and the finalize cheap. Shared memory holds the block's dweight/dbias
-// partials when it has several rows, plus the staging of the rows in flight; above the default 48 KiB a
-// kernel must opt in, which this does.
+// partial count (the grid) is small and the finalize cheap. Shared memory holds the block's partials
+// (dweight, dbias, with COLSUM the dx column sums) when it has several rows, plus the staging of the
+// rows in flight, plus with COLSUM the threads' column sums; above the default 48 KiB a kernel must
+// opt in, which this does. Largest: bf16 with COLSUM at C = 4096, 184 KiB (Hopper allows 227).
 struct BackwardShape {
     int grid;
     size_t smem;
 };
 
-template <typename T, int WPR, bool PREFETCH> inline BackwardShape backward_vec_shape(int N, int C) {
-    constexpr int BLOCK = backward_block_threads<WPR>(), ROWS = BLOCK / (32 * WPR);
-    const size_t smem = (ROWS > 1 ? size_t(2) * C * sizeof(float) : 0) + backward_stage_bytes<T, WPR, PREFETCH>();
-    if (smem > 48 * 1024)
-        cuda_check(cudaFuncSetAttribute(layernorm_backward_vec_kernel<T, WPR, PREFETCH>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+template <typename T, int WPR, bool PREFETCH, bool COLSUM> inline BackwardShape backward_vec_shape(int N, int C) {
+    constexpr int BLOCK = backward_block_threads<WPR>(), ROWS = BLOCK / (32 * WPR), SECTIONS = COLSUM ? 3 : 2;
+    const size_t smem = (ROWS > 1 ? size_t(SECTIONS) * C * sizeof(float) : 0) + backward_stage_bytes<T, WPR, PREFETCH>() +
+                        backward_colsum_bytes<WPR, COLSUM>();
+    auto kernel = layernorm_backward_vec_kernel<T, WPR, PREFETCH, COLSUM>;
+    if (smem > 48 * 1024) cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layernorm_backward_vec_kernel<T, WPR, PREFETCH>, BLOCK, smem));
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BLOCK, smem));
     const int groups = (N + ROWS - 1) / ROWS;
     return {std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count())), smem};
 }
 
-template <typename T, bool PREFETCH> inline BackwardShape backward_vec_shape_any(int N, int C, int wpr) {
+template <typename T, bool PREFETCH, bool COLSUM> inline BackwardShape backward_vec_shape_any(int N, int C, int wpr) {
     switch (wpr) {
-        case 1: return backward_vec_shape<T, 1, PREFETCH>(N, C);
-        case 2: return backward_vec_shape<T, 2, PREFETCH>(N, C);
-        case 4: return backward_vec_shape<T, 4, PREFETCH>(N, C);
-        case 8: return backward_vec_shape<T, 8, PREFETCH>(N, C);
-        case 16: return backward_vec_shape<T, 16, PREFETCH>(N, C);
+        case 1: return backward_vec_shape<T, 1, PREFETCH, COLSUM>(N, C);
+        case 2: return backward_vec_shape<T, 2, PREFETCH, COLSUM>(N, C);
+        case 4: return backward_vec_shape<T, 4, PREFETCH, COLSUM>(N, C);
+        case 8: return backward_vec_shape<T, 8, PREFETCH, COLSUM>(N, C);
+        case 16: return backward_vec_shape<T, 16, PREFETCH, COLSUM>(N, C);
     }
     fail("layernorm_backward: bad warps per row %d", wpr);
 }
 
-// General backward grid: two blocks per SM, fewer when rows are so long that the partials would
-// pass 64 MiB.
-inline int backward_general_grid(int N, int C) {
-    const size_t cap = (size_t(64) << 20) / (size_t(2) * C * sizeof(float));
+// General backward grid: two blocks per SM, fewer when rows are so long that the partials (`sections`
+// floats per column: 2, or 3 with the dx column sums) would pass 64 MiB.
+inline int backward_general_grid(int N, int C, int sections = 2) {
+    const size_t cap = (size_t(64) << 20) / (size_t(sections) * C * sizeof(float));
     return (int)std::max<size_t>(1, std::min<size_t>({size_t(N), size_t(2) * device_sm_count(), cap}));
 }
 
-
-// PREFETCH is a parameter so that the lab can run the kernel both ways; layernorm_backward passes
-// kBackwardPrefetch<T>.
-template <typename T, bool PREFETCH>
-void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
-                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
-    if (N <= 0 || C <= 0) return;
-    float* partials = static_cast<float*>(scratch);
+template <typename T, bool PREFETCH, bool COLSUM>
+void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, float* partials, const T* dout, const T* inp,
+                              const T* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
     const int wpr = backward_warps_per_row<T>(C);
     int P = 0;
     if (wpr && vector_ok<T>(C, {dinp, dout, inp, weight})) {
-        const BackwardShape shape = backward_vec_shape_any<T, PREFETCH>(N, C, wpr);
+        const BackwardShape shape = backward_vec_shape_any<T, PREFETCH, COLSUM>(N, C, wpr);
         P = shape.grid;
 #define LN_BWD(W)                                                                                                 \
     case W:                                                                                                       \
-        layernorm_backward_vec_kernel<T, W, PREFETCH><<<P, backward_block_threads<W>(), shape.smem, stream>>>(    \
+        layernorm_backward_vec_kernel<T, W, PREFETCH, COLSUM><<<P, backward_block_threads<W>(), shape.smem, stream>>>( \
             dinp, partials, dout, inp, weight, mean, rstd, N, C);                                                 \
         break;
         switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }
 #undef LN_BWD
     } else {
-        P = backward_general_grid(N, C);
-        layernorm_backward_general_kernel<T><<<P, 256, 0, stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+        P = backward_general_grid(N, C, COLSUM ? 3 : 2);
+        layernorm_backward_general_kernel<T, COLSUM>
+            <<<P, 256, 0, stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
     }
     cuda_check_launch();
-    layernorm_backward_finalize_kernel<T><<<(C + 31) / 32, dim3(32, 32), 0, stream>>>(dweight, dbias, partials, P, C);
+    layernorm_backward_finalize_kernel<T, COLSUM>
+        <<<(C + 31) / 32, dim3(32, 32), 0, stream>>>(dweight, dbias, next_dbias, partials, P, C);
     cuda_check_launch();
+}
+
+// PREFETCH is a parameter so that the lab can run the kernel both ways; layernorm_backward passes
+// kBackwardPrefetch<T>. A null next_dbias runs the kernels without the column sums (COLSUM = false).
+template <typename T, bool PREFETCH>
+void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
+                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream, T* next_dbias = nullptr) {
+    if (N <= 0 || C <= 0) return;
+    float* partials = static_cast<float*>(scratch);
+    if (next_dbias)
+        backward_launch_sections<T, PREFETCH, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean,
+                                                    rstd, N, C, stream);
+    else
+        backward_launch_sections<T, PREFETCH, false>(dinp, dweight, dbias, nullptr, partials, dout, inp, weight, mean,
+                                                     rstd, N, C, stream);
+}
+
+// Floats of partials a vector-path launch writes, with and without the column sums (the larger).
+template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(int N, int C, int wpr) {
+    return std::max(size_t(backward_vec_shape_any<T, PREFETCH, false>(N, C, wpr).grid) * 2 * C,
+                    size_t(backward_vec_shape_any<T, PREFETCH, true>(N, C, wpr).grid) * 3 * C);
 }
 
 }  // namespace layernorm_detail
@@ -620,23 +699,28 @@ void fused_residual_layernorm_forward(T* residual, T* out, float* mean, float* r
     layernorm_detail::forward_launch<T, true>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, stream);
 }
 
-// Bytes of scratch layernorm_backward needs for these shapes on the current device (the larger of the
-// two paths' needs, since the path also depends on pointer alignment). Caller allocates; no zeroing.
+// Bytes of scratch layernorm_backward needs for these shapes on the current device, with or without
+// next_dbias (the larger of the paths' needs, since the path also depends on pointer alignment).
+// Caller allocates; no zeroing.
 inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     using namespace layernorm_detail;
     if (N <= 0 || C <= 0) return 0;
-    int partials = backward_general_grid(N, C);
+    size_t floats = std::max(size_t(backward_general_grid(N, C, 2)) * 2 * C, size_t(backward_general_grid(N, C, 3)) * 3 * C);
     for (int wpr : {backward_warps_per_row<float>(C), backward_warps_per_row<__nv_bfloat16>(C)})
         if (wpr)  // the header's kernels, and the lab's version without the prefetch
-            partials = std::max({partials, backward_vec_shape_any<float, false>(N, C, wpr).grid,
-                                 backward_vec_shape_any<__nv_bfloat16, false>(N, C, wpr).grid,
-                                 backward_vec_shape_any<__nv_bfloat16, kBackwardPrefetch<__nv_bfloat16>>(N, C, wpr).grid});
-    return size_t(partials) * 2 * C * sizeof(float);
+            floats = std::max({floats, backward_vec_partial_floats<float, false>(N, C, wpr),
+                               backward_vec_partial_floats<__nv_bfloat16, false>(N, C, wpr),
+                               backward_vec_partial_floats<__nv_bfloat16, kBackwardPrefetch<__nv_bfloat16>>(N, C, wpr)});
+    return floats * sizeof(float);
 }
 
+// dinp += dL/dinp, dweight += ..., dbias += ... (see the top comment). next_dbias (C,), optional:
+// += the column sums of dinp as written by this call (sum over the N rows), i.e. the bias gradient of
+// the linear layer whose output gradient dinp also is; nullptr (the default) skips it at no cost.
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream = 0) {
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream = 0,
+                        T* next_dbias = nullptr) {
     layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(dinp, dweight, dbias, scratch, dout, inp,
-                                                                                 weight, mean, rstd, N, C, stream);
+                                                                                 weight, mean, rstd, N, C, stream, next_dbias);
 }

@@ -41,9 +41,17 @@
 //      and arithmetic. No extra registers (a register prefetch spills: 7 uses all 128). fp32 runs
 //      version 7's kernel (its bytes in flight already suffice, and its stages would not fit).
 //
+// Fused column sum (versions 7 and 8, shown as "7+colsum", "8+colsum"): the header's optional
+// next_dbias += column sums of the dx it wrote, i.e. the bias gradient of the linear layer whose output
+// gradient is the residual stream, which training otherwise computes in a separate pass (cuBLAS
+// matrix-vector product with ones, matmul.cuh) that reads all N x C of dx again. Validated at every
+// shape and alignment like the rest, plus: dx bit for bit as without next_dbias, and nothing written
+// past next_dbias's C values. The benchmark times 7/8 without it, with it, and without it followed by
+// the separate pass ("+gemv"), so the fused cost and the saved pass are side by side.
+//
 // Bandwidth: backward bytes = 4*N*C*sizeof(T) (read x, dy, dx; write dx) + 8*N (mean, rstd); weight,
-// dweight, dbias and the partials (P x 2C floats) are small next to it and left out. Reported as a
-// fraction of a device-to-device copy measured in the same run.
+// dweight, dbias (and next_dbias) and the partials (P x 2C floats, 3C with next_dbias) are small next
+// to it and left out. Reported as a fraction of a device-to-device copy measured in the same run.
 
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
@@ -54,6 +62,7 @@
 #include "dev/lab.cuh"
 #include "dev/layernorm/layernorm_reference.cuh"
 #include "layernorm.cuh"
+#include "matmul.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -266,12 +275,17 @@ inline size_t lab_scratch_bytes(int N, int C) {
                      layernorm_backward_scratch_bytes(N, C)});
 }
 
+// Versions whose kernels take next_dbias (the header's).
+inline bool has_colsum(int version) { return version == 7 || version == 8; }
+
+// next_dbias: versions 7 and 8 only (null elsewhere).
 template <typename T>
 const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp,
-                        const T* weight, const float* mean, const float* rstd, int N, int C) {
+                        const T* weight, const float* mean, const float* rstd, int N, int C, T* next_dbias = nullptr) {
     float* dw_f = static_cast<float*>(scratch);
     float* db_f = dw_f + C;
     const char* note = nullptr;
+    if (next_dbias && !has_colsum(version)) fail("next_dbias: versions 7 and 8 only, not %d", version);
     if (version >= 1 && version <= 5) cuda_check(cudaMemsetAsync(scratch, 0, size_t(2) * C * sizeof(float)));
     if (version == 3 && !version3_warps<T>(C)) version = 2, note = "v3 n/a here (row too long for shared memory), ran v2";
     if (version == 5 && C > kV5MaxC) version = 4, note = "v5 n/a here (partials too long for shared memory), ran v4";
@@ -308,10 +322,11 @@ const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratc
             break;
         }
         case 7:
-            layernorm_detail::backward_launch<T, false>(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, 0);
+            layernorm_detail::backward_launch<T, false>(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, 0,
+                                                        next_dbias);
             break;
         case 8:
-            layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C);
+            layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, 0, next_dbias);
             break;
         default:
             fail("backward version %d does not exist (1..%d)", version, kNumVersions);
@@ -341,6 +356,18 @@ const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratc
 // chain, e.g. one block's rows or an atomic order) plus log2(N) (tree levels). Bound, absolute:
 // 4 * (sqrt(N) + log2(N) + 1) fp32 ulps of the largest column's sum over rows of |term| (+1 for the
 // initial value). bf16 adds 1 bf16 ulp (2^-8) relative for the final rounding of dweight/dbias.
+// next_dbias (fused column sum), against the CPU's: initial value + sum over the N rows of the CPU's
+// updated dx. Each stored dx is off from the CPU's by at most e = (dx's absolute bound) + (dx's
+// relative bound) |dx| (in bf16 mostly its rounding to T, up to 2^-8 relative). A worst-case sum,
+// N e, grows like N, the column sums only like sqrt(N): at N = 5000 in bf16 it is ~20 against column
+// sums of ~85, wide enough to pass a dozen lost rows. But the rows' errors are independent with zero
+// mean (round to nearest; each row's own fp32 reductions), so by Hoeffding their sum exceeds 6 sqrt(sum_n e_n^2)
+// with probability below 2 exp(-18) = 3e-8 per column, even were every error at its bound. Bound,
+// absolute: that (largest column) plus the dbias bound above for the fp32 sum of N terms
+// (sum |dx| + |initial value|); bf16 adds 2^-8 relative for the final rounding.
+// next_dbias against the column sums (double) of the dx the kernel stored: only the fp32 sum and the
+// final rounding: the dbias bound with sum |stored dx| + |initial value|, + 2^-8 relative in bf16.
+// This one catches a lost or doubled row where the first bound is too wide to.
 
 inline double fp32_tol(int C, int threads_per_row) {
     const double L = std::ceil(double(C) / threads_per_row);
@@ -363,12 +390,15 @@ struct Shape {
 const Shape kCheckShapes[] = {{1, 768},  {7, 1},     {5, 33},    {64, 768},  {33, 1000}, {16, 1600}, {300, 1024},
                               {9, 4100}, {4, 16384}, {2, 65536}, {1, 65536}, {2048, 64}, {37, 3072}, {5000, 768}};
 
+constexpr int kColsumGuard = 8;  // elements past next_dbias's C, poisoned: must stay untouched
+
 // One (version, dtype, shape, alignment). With `determinism`, also runs the version twice more from
-// the same inputs and compares every output bit for bit.
-template <typename T> bool check_one(int version, int N, int C, int shift, uint64_t seed, bool determinism) {
+// the same inputs and compares every output bit for bit. With `colsum` (versions 7, 8), passes
+// next_dbias and checks it too.
+template <typename T> bool check_one(int version, int N, int C, int shift, uint64_t seed, bool determinism, bool colsum) {
     const size_t NC = size_t(N) * C;
     Rng rng(seed);
-    std::vector<T> x(NC), dy(NC), dx0(NC), w(C), b(C), dw0(C), db0(C);
+    std::vector<T> x(NC), dy(NC), dx0(NC), w(C), b(C), dw0(C), db0(C), ndb0(C + kColsumGuard);
     fill_rows(x, N, C, rng);
     fill_uniform(dy, -1.0f, 1.0f, rng);
     fill_uniform(dx0, -1.0f, 1.0f, rng);  // accumulate contract: start from non-zero gradients
@@ -376,6 +406,10 @@ template <typename T> bool check_one(int version, int N, int C, int shift, uint6
     fill_uniform(b, -0.5f, 0.5f, rng);
     fill_uniform(dw0, -1.0f, 1.0f, rng);
     fill_uniform(db0, -1.0f, 1.0f, rng);
+    if (colsum) {
+        fill_uniform(ndb0, -1.0f, 1.0f, rng);
+        std::fill(ndb0.begin() + C, ndb0.end(), from_float<T>(NAN));
+    }
 
     // Statistics from the reference forward, rounded to fp32 as the forward stores them; the
     // reference backward uses those same fp32 values.
@@ -396,7 +430,7 @@ template <typename T> bool check_one(int version, int N, int C, int shift, uint6
         }
 
     DeviceBuffer<T> d_x(NC, "x", shift), d_dy(NC, "dy", shift), d_dx(NC, "dx", shift), d_w(C, "weight", shift);
-    DeviceBuffer<T> d_dw(C, "dweight", shift), d_db(C, "dbias", shift);
+    DeviceBuffer<T> d_dw(C, "dweight", shift), d_db(C, "dbias", shift), d_ndb(C + kColsumGuard, "next_dbias", shift);
     DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
     DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), "scratch");
     d_x.upload(x), d_dy.upload(dy), d_w.upload(w);
@@ -404,17 +438,25 @@ template <typename T> bool check_one(int version, int N, int C, int shift, uint6
     cuda_check(cudaMemcpy(d_rstd.ptr, rstd.data(), N * sizeof(float), cudaMemcpyHostToDevice));
     d_scratch.poison();  // the header's contract: scratch needs no zeroing
 
-    std::vector<T> got_dx[3], got_dw[3], got_db[3];
+    std::vector<T> got_dx[3], got_dw[3], got_db[3], got_ndb[3];
     const int runs = determinism ? 3 : 1;
     const char* note = nullptr;
     for (int r = 0; r < runs; r++) {
-        d_dx.upload(dx0), d_dw.upload(dw0), d_db.upload(db0);
+        d_dx.upload(dx0), d_dw.upload(dw0), d_db.upload(db0), d_ndb.upload(ndb0);
         note = run_version<T>(version, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr,
-                              d_rstd.ptr, N, C);
+                              d_rstd.ptr, N, C, colsum ? d_ndb.ptr : nullptr);
         cuda_check(cudaDeviceSynchronize());
-        got_dx[r] = d_dx.download(), got_dw[r] = d_dw.download(), got_db[r] = d_db.download();
+        got_dx[r] = d_dx.download(), got_dw[r] = d_dw.download(), got_db[r] = d_db.download(), got_ndb[r] = d_ndb.download();
     }
     if (note) printf("  (%s)\n", note);
+    std::vector<T> plain_dx;  // with colsum: dx from the same call without next_dbias
+    if (colsum) {
+        d_dx.upload(dx0), d_dw.upload(dw0), d_db.upload(db0);
+        run_version<T>(version, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr, d_rstd.ptr,
+                       N, C);
+        cuda_check(cudaDeviceSynchronize());
+        plain_dx = d_dx.download();
+    }
 
     const bool bf16 = sizeof(T) == 2;
     const double ulp_bf16 = std::ldexp(1.0, -8), eps32 = std::ldexp(1.0, -23);
@@ -427,14 +469,45 @@ template <typename T> bool check_one(int version, int N, int C, int shift, uint6
     ok &= check_close("dx", got_dx[0].data(), ref_dx.data(), NC, tol * max_rstd, bf16 ? ulp_bf16 + tol : tol);
     ok &= check_close("dweight", got_dw[0].data(), ref_dw.data(), C, sum_tol * max_abs_dw, bf16 ? ulp_bf16 : 0.0);
     ok &= check_close("dbias", got_db[0].data(), ref_db.data(), C, sum_tol * max_abs_db, bf16 ? ulp_bf16 : 0.0);
+    if (colsum) {
+        // Reference: initial value + the CPU's updated dx summed over rows; and the same over the dx the
+        // kernel stored. Per column: e_n's root sum of squares, sum |dx| (CPU's and stored).
+        std::vector<double> ref_ndb(C), stored_ndb(C), rss_e(C, 0.0), abs_ref(C, 0.0), abs_stored(C, 0.0);
+        for (int c = 0; c < C; c++) ref_ndb[c] = stored_ndb[c] = to_double(ndb0[c]);
+        const double dx_atol = tol * max_rstd, dx_rtol = bf16 ? ulp_bf16 + tol : tol;
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++) {
+                const size_t i = size_t(n) * C + c;
+                const double e = dx_atol + dx_rtol * std::fabs(ref_dx[i]), stored = to_double(got_dx[0][i]);
+                ref_ndb[c] += ref_dx[i], stored_ndb[c] += stored;
+                rss_e[c] += e * e, abs_ref[c] += std::fabs(ref_dx[i]), abs_stored[c] += std::fabs(stored);
+            }
+        double max_rss = 0.0, max_abs_ref = 0.0, max_abs_stored = 0.0;
+        for (int c = 0; c < C; c++) {
+            max_rss = std::max(max_rss, std::sqrt(rss_e[c]));
+            max_abs_ref = std::max(max_abs_ref, abs_ref[c] + 1.0);  // + |initial value|
+            max_abs_stored = std::max(max_abs_stored, abs_stored[c] + 1.0);
+        }
+        ok &= check_close("next_dbias (vs CPU dx column sums)", got_ndb[0].data(), ref_ndb.data(), C,
+                          6.0 * max_rss + sum_tol * max_abs_ref, bf16 ? ulp_bf16 : 0.0);
+        ok &= check_close("next_dbias (vs stored dx column sums)", got_ndb[0].data(), stored_ndb.data(), C,
+                          sum_tol * max_abs_stored, bf16 ? ulp_bf16 : 0.0);
+        const bool untouched = memcmp(got_ndb[0].data() + C, ndb0.data() + C, kColsumGuard * sizeof(T)) == 0;
+        printf("  %-40s %s  (%d poisoned elements past C)\n", "next_dbias: nothing written past C", untouched ? "ok  " : "FAIL",
+               kColsumGuard);
+        const bool same_dx = memcmp(plain_dx.data(), got_dx[0].data(), NC * sizeof(T)) == 0;
+        printf("  %-40s %s  (bit for bit)\n", "dx as without next_dbias", same_dx ? "ok  " : "FAIL");
+        ok &= untouched && same_dx;
+    }
     if (determinism) {
         bool same = true;
         for (int r = 1; r < runs; r++)
             same &= memcmp(got_dx[r].data(), got_dx[0].data(), NC * sizeof(T)) == 0 &&
                     memcmp(got_dw[r].data(), got_dw[0].data(), C * sizeof(T)) == 0 &&
-                    memcmp(got_db[r].data(), got_db[0].data(), C * sizeof(T)) == 0;
-        printf("  %-40s %s  (3 runs from the same inputs, dx/dweight/dbias compared bit for bit)\n", "deterministic",
-               same ? "ok  " : "FAIL");
+                    memcmp(got_db[r].data(), got_db[0].data(), C * sizeof(T)) == 0 &&
+                    (!colsum || memcmp(got_ndb[r].data(), got_ndb[0].data(), C * sizeof(T)) == 0);
+        printf("  %-40s %s  (3 runs from the same inputs, dx/dweight/dbias%s compared bit for bit)\n", "deterministic",
+               same ? "ok  " : "FAIL", colsum ? "/next_dbias" : "");
         ok &= same;
     }
     return ok;
@@ -443,10 +516,21 @@ template <typename T> bool check_one(int version, int N, int C, int shift, uint6
 // ---------------------------------------------------------------------------------------------
 // Benchmark.
 
+// The separate pass next_dbias replaces: column sums of dx as matmul_backward_weight computes a bias
+// gradient (cuBLAS matrix-vector product with blas_ones, beta = 1).
+template <typename T> void column_sums_gemv(T* next_dbias, const T* dx, int N, int C) {
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, 1, N, 1.0f, dx, C, blas_ones<T>(), N, 1.0f, next_dbias, C, 0);
+}
+
+// Rows of versions 7 and 8: plain, with next_dbias (fused), plain then the separate pass (gemv).
+enum class Colsum { none, fused, gemv };
+
 template <typename T> void benchmark(const std::vector<int>& versions, int N, const std::vector<int>& Cs, double copy_gbs) {
     printf("\nLayerNorm backward benchmark, %s, N = %d (median of many runs after warm-up)\n", dtype_name<T>(), N);
     printf("  bytes = 4*N*C*sizeof(T) (read x, dy, dx; write dx) + 8*N (mean, rstd)\n");
-    printf("  %-8s %-6s %-8s %10s %10s %8s\n", "version", "dtype", "C", "time (us)", "GB/s", "% copy");
+    printf("  +colsum: with next_dbias (fused column sum); +gemv: without, then the separate cuBLAS column sum.\n");
+    printf("  GB/s and %% copy count the LayerNorm's bytes only, for every row: compare those rows by time.\n");
+    printf("  %-10s %-6s %-8s %10s %10s %8s\n", "version", "dtype", "C", "time (us)", "GB/s", "% copy");
     for (int C : Cs) {
         const size_t NC = size_t(N) * C;
         Rng rng(99 + C);
@@ -454,27 +538,33 @@ template <typename T> void benchmark(const std::vector<int>& versions, int N, co
         fill_rows(h, N, C, rng);
         fill_uniform(w, 0.5f, 1.5f, rng);
         DeviceBuffer<T> d_x(NC, "x"), d_dy(NC, "dy"), d_dx(NC, "dx"), d_w(C, "weight"), d_dw(C, "dweight"),
-            d_db(C, "dbias"), d_out(NC, "forward out");
+            d_db(C, "dbias"), d_ndb(C, "next_dbias"), d_out(NC, "forward out");
         DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
         DeviceBuffer<unsigned char> d_scratch(lab_scratch_bytes(N, C), "scratch");
         d_x.upload(h), d_dy.upload(h), d_w.upload(w);
         cuda_check(cudaMemset(d_dx.ptr, 0, NC * sizeof(T)));
         cuda_check(cudaMemset(d_dw.ptr, 0, C * sizeof(T)));
         cuda_check(cudaMemset(d_db.ptr, 0, C * sizeof(T)));
+        cuda_check(cudaMemset(d_ndb.ptr, 0, C * sizeof(T)));
         layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr, d_w.ptr, N, C);  // real statistics
         const double bytes = 4.0 * NC * sizeof(T) + 8.0 * N;
-        for (int v : versions) {
-            const char* note = nullptr;
-            auto run = [&] {
-                note = run_version<T>(v, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr,
-                                      d_rstd.ptr, N, C);
-            };
-            const float first = time_median_ms(run, 1, 1);  // slow versions get fewer runs
-            const float ms = first > 20.0f ? time_median_ms(run, 0, 3) : time_median_ms(run, 10, 100);
-            const double gbs = bytes / (ms * 1e-3) / 1e9;
-            printf("  %-8d %-6s %-8d %10.1f %10.1f %7.1f%%%s%s\n", v, dtype_name<T>(), C, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
-                   note ? "  " : "", note ? note : "");
-        }
+        for (int v : versions)
+            for (Colsum mode : {Colsum::none, Colsum::fused, Colsum::gemv}) {
+                if (mode != Colsum::none && !has_colsum(v)) continue;
+                const char* note = nullptr;
+                auto run = [&] {
+                    note = run_version<T>(v, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr,
+                                          d_rstd.ptr, N, C, mode == Colsum::fused ? d_ndb.ptr : nullptr);
+                    if (mode == Colsum::gemv) column_sums_gemv(d_ndb.ptr, d_dx.ptr, N, C);
+                };
+                const float first = time_median_ms(run, 1, 1);  // slow versions get fewer runs
+                const float ms = first > 20.0f ? time_median_ms(run, 0, 3) : time_median_ms(run, 10, 100);
+                const double gbs = bytes / (ms * 1e-3) / 1e9;
+                char label[16];
+                snprintf(label, sizeof(label), "%d%s", v, mode == Colsum::fused ? "+colsum" : mode == Colsum::gemv ? "+gemv" : "");
+                printf("  %-10s %-6s %-8d %10.1f %10.1f %7.1f%%%s%s\n", label, dtype_name<T>(), C, ms * 1e3, gbs,
+                       100.0 * gbs / copy_gbs, note ? "  " : "", note ? note : "");
+            }
     }
 }
 
@@ -484,7 +574,8 @@ void usage(FILE* f) {
     fprintf(f,
             "usage: layernorm_backward [versions...] [--check] [-N rows] [-C cols] [--dtype fp32|bf16]\n"
             "  versions      which kernels to run (default: all, 1..%d)\n"
-            "  --check       validation only: every version, every shape, fp32 and bf16 (CI)\n"
+            "  --check       validation only: every version, every shape, fp32 and bf16 (CI);\n"
+            "                versions 7 and 8 also with next_dbias (the fused column sum)\n"
             "  -N rows       benchmark rows (default 65536)\n"
             "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
@@ -492,21 +583,25 @@ void usage(FILE* f) {
             kNumVersions);
 }
 
+// Versions 7 and 8 run each case twice, without and with next_dbias, from the same inputs (seed).
 template <typename T> void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
     uint64_t seed = 1;
     for (int v : versions)
         for (const Shape& s : kCheckShapes)
             for (int shift : {0, 1}) {
-                char name[160];
-                snprintf(name, sizeof(name), "backward v%d %s N=%d C=%d %s", v, dtype_name<T>(), s.N, s.C,
-                         shift ? "misaligned" : "aligned");
                 seed++;
-                if (!gpu) {
-                    tests.skip(name);
-                    continue;
+                for (bool colsum : {false, true}) {
+                    if (colsum && !has_colsum(v)) continue;
+                    char name[160];
+                    snprintf(name, sizeof(name), "backward v%d%s %s N=%d C=%d %s", v, colsum ? "+colsum" : "", dtype_name<T>(),
+                             s.N, s.C, shift ? "misaligned" : "aligned");
+                    if (!gpu) {
+                        tests.skip(name);
+                        continue;
+                    }
+                    printf("%s\n", name);
+                    tests.record(check_one<T>(v, s.N, s.C, shift, seed, /*determinism=*/v >= 6, colsum));
                 }
-                printf("%s\n", name);
-                tests.record(check_one<T>(v, s.N, s.C, shift, seed, /*determinism=*/v >= 6));
             }
 }
 
@@ -556,7 +651,9 @@ int main(int argc, char** argv) {
     const double copy_gbs = measure_copy_bandwidth_gbs();
     printf("\ndevice: %s, %d SMs, L2 %d MB; device-to-device copy %.1f GB/s (bytes read + written)\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+    blas_init(N);  // the +gemv rows' separate column sum
     if (fp32) benchmark<float>(versions, N, Cs, copy_gbs);
     if (bf16) benchmark<__nv_bfloat16>(versions, N, Cs, copy_gbs);
+    blas_destroy();
     return tests.finish();
 }
