@@ -31,8 +31,9 @@
 //     each partial row, summed by the same finalize and rounded into T once. The vector kernel keeps
 //     each thread's 16 running sums in shared memory (private slots, no barrier), not registers: it
 //     already uses all 128 registers at 512 threads, and 16 more would spill. A template bool
-//     (COLSUM) selects it, so without next_dbias the kernels compile to exactly the code they were.
-//     The scratch is sized for it (3 C floats per partial row instead of 2).
+//     (COLSUM) selects it, so without next_dbias the kernels compile to the code they were (same
+//     PTX; the finalize only takes one more, unused, pointer). The scratch is sized for it (3 C
+//     floats per partial row instead of 2).
 //   - Two paths each. The vector path (C a multiple of 16 / sizeof(T), every pointer 16-byte
 //     aligned, C <= 16384 forward, C <= 8192 backward) keeps the row in registers:
 //     one read of x (128-bit loads, all issued before the first use), a two-pass
