@@ -728,8 +728,10 @@ inline void gpt_backward(GPT& m, int B, int T) {
     cuda_check(cudaMemsetAsync(a.dresidual, 0, btc * sizeof(floatX)));
     // The LM head's backward ran in gpt_forward: a.dln holds the gradient of lnf.
     prof.mark("bwd.layernorm");
+    // Each LayerNorm backward also adds its dresidual's column sums into the next linear layer's bias
+    // gradient (that layer's dout is this dresidual): fcproj's of the layer below, attproj's of its own.
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, m.ln_scratch, a.dln, a.residual3 + (L - 1) * btc, p.lnfw, s.lnf_mean,
-                       s.lnf_rstd, BT, C);
+                       s.lnf_rstd, BT, C, 0, g.fcprojb + size_t(L - 1) * C);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
         const floatX* ln1 = a.ln1 + l * btc;
@@ -749,8 +751,8 @@ inline void gpt_backward(GPT& m, int B, int T) {
         }
         prof.mark("bwd.matmul");  // (with -ov 1 the side stream's time is in no phase: it overlaps the main's)
         to_side();
-        matmul_backward_weight(g.fcprojw + size_t(l) * 4 * C * C, g.fcprojb + size_t(l) * C, a.dresidual, fch_gelu, BT,
-                               4 * C, C, side);
+        matmul_backward_weight(g.fcprojw + size_t(l) * 4 * C * C, (floatX*)nullptr, a.dresidual, fch_gelu, BT, 4 * C, C,
+                               side);  // its bias gradient came with the LayerNorm backward above
         side_done(m.fcproj_done);
         main_waits(m.qkv_done);  // the layer above's qkv weight gradient reads dbig (its dqkv)
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
@@ -769,11 +771,11 @@ inline void gpt_backward(GPT& m, int B, int T) {
         prof.mark("bwd.layernorm");
         main_waits(m.fcproj_done);
         layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
-                           s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C);
+                           s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C, 0, g.attprojb + size_t(l) * C);
         // Attention. dln now holds the gradient of atty, dbig that of qkv.
         prof.mark("bwd.matmul");
         to_side();
-        matmul_backward_weight(g.attprojw + size_t(l) * C * C, g.attprojb + size_t(l) * C, a.dresidual, atty, BT, C, C, side);
+        matmul_backward_weight(g.attprojw + size_t(l) * C * C, (floatX*)nullptr, a.dresidual, atty, BT, C, C, side);
         side_done(m.attproj_done);
         matmul_backward_input(a.dln, a.dresidual, p.attprojw + size_t(l) * C * C, BT, C, C);
         prof.mark("bwd.attention");
@@ -793,7 +795,8 @@ inline void gpt_backward(GPT& m, int B, int T) {
         prof.mark("bwd.layernorm");
         main_waits(m.attproj_done);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
-                           s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C);
+                           s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C, 0,
+                           l > 0 ? g.fcprojb + size_t(l - 1) * C : (floatX*)nullptr);
     }
     prof.mark("bwd.encoder");
     encoder_backward(g.wte, g.wpe, m.encoder_partials, a.dresidual, m.buckets, m.batch_slots[m.batch_slot].buckets, B, T,
