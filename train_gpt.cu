@@ -783,12 +783,13 @@ inline void gpt_backward(GPT& m, int B, int T) {
 #if !defined(ENABLE_FP32)
         if (m.flash)
             flash_attention_backward(a.dbig, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
-                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes);
+                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes, g.qkvb + size_t(l) * 3 * C);  // + qkv's bias gradient
 #endif
         if (!m.flash) attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
         to_side();
-        matmul_backward_weight(g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, a.dbig, ln1, BT, C, 3 * C, side);
+        matmul_backward_weight(g.qkvw + size_t(l) * 3 * C * C, m.flash ? (floatX*)nullptr : g.qkvb + size_t(l) * 3 * C, a.dbig,
+                               ln1, BT, C, 3 * C, side);
         side_done(m.qkv_done);
         matmul_backward_input(a.dln, a.dbig, p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C);
         // += into dresidual: it becomes the gradient of this layer's input x.

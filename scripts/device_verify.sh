@@ -23,12 +23,14 @@
 #   PART=6  stop 13's measurements before choosing: every lab --check (matmul and classifier
 #           included), the classifier's versions at training size, the unit tests, test/test_resume.sh,
 #           training throughput at B=64 with the breakdown (matmul tuning and the sync-free step).
-#   PART=7  stop 14's A/B, quickly: build; test/test_gpt.sh; the LayerNorm and attention backward labs'
-#           --check; then B=64 training with the side stream off and on (-ov 0/1; the 20 losses must
-#           match bit for bit) and the breakdown of each.
+#   PART=7  stop 14's kernels and A/B: build; the LayerNorm and attention backward labs' --check and
+#           their benchmarks with and without the fused bias gradients; B=64 training with the side
+#           stream off and on (-ov 0/1/0/1; the 20 losses must match bit for bit), the breakdown of each.
+#   PART=8  stop 14's checks: test/test_gpt.sh, the unit tests, test/test_resume.sh (batches staged
+#           across steps), test/test_train_cli.sh, every other lab's --check.
 set -u
 PART=${PART:-1}
-[[ $PART == [1234567] ]] || { echo "error: PART must be 1 to 7, got '$PART'" >&2; exit 1; }
+[[ $PART == [12345678] ]] || { echo "error: PART must be 1 to 8, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -122,11 +124,13 @@ elif [[ $PART == 6 ]]; then
     prepare
     OUT="$log" BATCHES="64" STEPS=20 TORCH=0 PROFILE_BATCHES="64" GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 40
 elif [[ $PART == 7 ]]; then
-    step test_gpt bash test/test_gpt.sh
-    grep -E "overlap|determinism" "$log/test_gpt.log" | sort | uniq -c
     for p in layernorm_backward attention_backward; do step check_$p ./dev/cuda/$p --check; done
+    step ln_bench ./dev/cuda/layernorm_backward 8 -C 768
+    grep -E "^  [0-9]+|copy" "$log/ln_bench.log" | tail -n 12
+    step attn_bench ./dev/cuda/attention_backward 11 --no-validate
+    grep -E "TFLOP|^ *(v|version)? *11" "$log/attn_bench.log" | tail -n 8
     prepare
-    for ov in 0 1; do
+    for ov in 0 1 0 1; do
         ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 -ov $ov > "$log/b64_ov$ov.log" 2>&1
         echo "-ov $ov B=64 (rc $?): $(grep -E '^done' "$log/b64_ov$ov.log")"
         grep -E '^step +[0-9]+/' "$log/b64_ov$ov.log" | awk '{print $5}' > "$log/losses_ov$ov.txt"
@@ -138,6 +142,14 @@ elif [[ $PART == 7 ]]; then
         echo "breakdown -ov $ov: $(grep -E '^done' "$log/profile_ov$ov.log")"
         sed -n '/^GPU time per step/,$p' "$log/profile_ov$ov.log"
     done
+elif [[ $PART == 8 ]]; then
+    step test_gpt bash test/test_gpt.sh
+    grep -E "overlap|determinism" "$log/test_gpt.log" | sort | uniq -c
+    step unit_tests bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    step test_resume bash test/test_resume.sh
+    step test_train_cli bash test/test_train_cli.sh
+    step lab_check bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | tr " " "\n" | grep dev/cuda/ | grep -vE "layernorm_backward|attention_backward"); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    grep -E "^=== |passed, " "$log/lab_check.log"
 elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
