@@ -91,12 +91,6 @@ struct BlasContext {
     // the heuristic's first choice. hash: one device word for it.
     size_t tuned_plans = 0, tuned_changed = 0;
     unsigned long long* hash = nullptr;
-    // The side lane (blas_side_stream): a non-blocking stream with its own cuBLAS handle and cuBLASLt
-    // workspace, for matmuls that overlap the main stream's (the training loop's weight gradients).
-    // Two GEMMs in flight at once must never share a workspace.
-    cudaStream_t side_stream = nullptr;
-    cublasHandle_t side_handle = nullptr;
-    void* side_workspace = nullptr;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
@@ -129,27 +123,8 @@ inline void blas_init(size_t max_rows) {
     cuda_check_launch();
 }
 
-// The side lane's stream, made on first use. Work on it runs concurrently with the default stream (it
-// is non-blocking, so the legacy default stream does not serialise with it): order it with events.
-inline cudaStream_t blas_side_stream() {
-    BlasContext& b = blas();
-    if (!b.side_stream) {
-        cuda_check(cudaStreamCreateWithFlags(&b.side_stream, cudaStreamNonBlocking));
-        cublas_check(cublasCreate(&b.side_handle));
-        cublas_check(cublasSetMathMode(b.side_handle, CUBLAS_DEFAULT_MATH));
-        b.side_workspace = device_malloc(b.workspace_bytes, "cuBLAS side workspace");
-    }
-    return b.side_stream;
-}
-
 inline void blas_destroy() {
     BlasContext& b = blas();
-    if (b.side_stream) {
-        cuda_check(cudaStreamSynchronize(b.side_stream));
-        cublas_check(cublasDestroy(b.side_handle));
-        cuda_check(cudaFree(b.side_workspace));
-        cuda_check(cudaStreamDestroy(b.side_stream));
-    }
     if (b.handle) cublas_check(cublasDestroy(b.handle));
     if (b.lt) cublas_check(cublasLtDestroy(b.lt));
     if (b.workspace) cuda_check(cudaFree(b.workspace));
@@ -235,12 +210,8 @@ template <typename T> __global__ void add_bias_kernel(T* out, const T* bias, siz
 template <typename T>
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const T* A, int lda, const T* B,
           int ldb, float beta, T* C, int ldc, cudaStream_t stream) {
-    BlasContext& b = blas();
-    // cublasSetStream also hands the handle back its own default workspace: one per handle, so the side
-    // lane's GEMMs never share scratch with the main stream's.
-    cublasHandle_t handle = stream && stream == b.side_stream ? b.side_handle : b.handle;
-    cublas_check(cublasSetStream(handle, stream));
-    cublas_check(cublasGemmEx(handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, B, cuda_data_type<T>(),
+    cublas_check(cublasSetStream(blas().handle, stream));
+    cublas_check(cublasGemmEx(blas().handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, B, cuda_data_type<T>(),
                               ldb, &beta, C, cuda_data_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -415,10 +386,9 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
     if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (aux) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     const float alpha = 1.0f, beta = 0.0f;
-    void* workspace = stream && stream == b.side_stream ? b.side_workspace : b.workspace;
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D,
-                                                     plan.d, &algo, workspace, b.workspace_bytes, stream);
+                                                     plan.d, &algo, b.workspace, b.workspace_bytes, stream);
         if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
         return status == CUBLAS_STATUS_SUCCESS;
     };
@@ -447,37 +417,26 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
     if (pre_gelu) gelu_forward(out, pre_gelu, size_t(N) * OC, stream);
 }
 
-// dinp (N, C) = dout (N, OC) weight (OC, C). pre_gelu (optional, (N, C)): the forward's
-// pre-activation of `inp` = gelu(pre_gelu); dinp then leaves as the gradient of pre_gelu.
-template <typename T>
-void matmul_backward_input(T* dinp, const T* dout, const T* weight, int N, int C, int OC, const T* pre_gelu = nullptr,
-                           cudaStream_t stream = 0) {
-    BlasContext& b = blas();
-    // Through cuBLASLt (tuned; with pre_gelu, GELU' in the epilogue), else plain cuBLAS.
-    const MatmulEpilogue ep = pre_gelu ? MatmulEpilogue::dgelu : MatmulEpilogue::plain;
-    const bool fused = matmul_lt<T>(CUBLAS_OP_N, C, N, OC, ep, weight, dout, dinp, (const T*)nullptr, pre_gelu, stream);
-    if (pre_gelu) (fused ? b.gelu_fused : b.gelu_unfused)++;
-    if (!fused) {
-        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, stream);
-        if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, stream);
-    }
-}
-
-// dweight (OC, C) += dout^T inp; dbias (OC) += column sums of dout, unless dbias is null (no bias).
-template <typename T>
-void matmul_backward_weight(T* dweight, T* dbias, const T* dout, const T* inp, int N, int C, int OC, cudaStream_t stream = 0) {
-    BlasContext& b = blas();
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
-    if (dbias) {
-        if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
-        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias, OC, stream);
-    }
-}
-
-// Both halves on one stream. dinp may be null (not needed), dbias may be null (no bias).
+// dinp may be null (not needed), dbias may be null (no bias). pre_gelu (optional, (N, C)): the
+// forward's pre-activation of `inp` = gelu(pre_gelu); dinp then leaves as the gradient of pre_gelu.
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C, int OC,
                      const T* pre_gelu = nullptr, cudaStream_t stream = 0) {
-    if (dinp) matmul_backward_input(dinp, dout, weight, N, C, OC, pre_gelu, stream);
-    matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC, stream);
+    BlasContext& b = blas();
+    if (dinp) {
+        // Through cuBLASLt (tuned; with pre_gelu, GELU' in the epilogue), else plain cuBLAS.
+        const MatmulEpilogue ep = pre_gelu ? MatmulEpilogue::dgelu : MatmulEpilogue::plain;
+        const bool fused = matmul_lt<T>(CUBLAS_OP_N, C, N, OC, ep, weight, dout, dinp, (const T*)nullptr, pre_gelu, stream);
+        if (pre_gelu) (fused ? b.gelu_fused : b.gelu_unfused)++;
+        if (!fused) {
+            gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, stream);
+            if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, stream);
+        }
+    }
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
+    if (dbias) {
+        if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
+        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias,
+                OC, stream);
+    }
 }

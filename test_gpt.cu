@@ -340,17 +340,6 @@ int main(int argc, char** argv) {
         printf("  %-16s %s  two backward passes give %s gradients\n", "determinism", same ? "ok  " : "FAIL",
                same ? "bit-identical" : "DIFFERENT");
         counter.record(same);
-        // The weight gradients on the side stream (train_gpt -ov) move kernels in time, not in value.
-        m.overlap = !m.overlap;
-        gpt_zero_grad(m);
-        gpt_forward(m, B, T, true, 1.0f / BT);
-        gpt_backward(m, B, T);
-        std::vector<float> other = download(m.grads_memory, m.num_params);
-        m.overlap = !m.overlap;
-        const bool same_overlap = memcmp(first.data(), other.data(), first.size() * sizeof(float)) == 0;
-        printf("  %-16s %s  with the side stream %s, the gradients are %s\n", "overlap", same_overlap ? "ok  " : "FAIL",
-               m.overlap ? "off" : "on", same_overlap ? "bit-identical" : "DIFFERENT");
-        counter.record(same_overlap);
     }
     if (gelu_fusion >= 1)
         printf("GELU fusion in the model: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels\n",

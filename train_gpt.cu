@@ -345,12 +345,6 @@ struct GPT {
     void* flash_ds_memory = nullptr;  // else its own allocation
     int gelu_fusion = 0;            // GELU in cuBLASLt epilogues: 0 none, 1 forward, 2 forward and backward (-ge)
     int recompute = 0;              // 1: fch_gelu holds one layer, the backward recomputes it from fch (-r)
-    // Weight gradients on the side stream (-ov 1): while the main stream carries the gradient down the
-    // layers, each linear layer's dweight/dbias GEMMs run beside it (gpt_backward). Events order them:
-    // side_ready (main -> side: the inputs are written) and one per linear layer (side -> main: its
-    // weight gradient has read dout, which the main stream is about to overwrite).
-    bool overlap = true;
-    cudaEvent_t side_ready = nullptr, fcproj_done = nullptr, fc_done = nullptr, attproj_done = nullptr, qkv_done = nullptr;
     StepStats* step = nullptr;  // (1) the current step's loss sum and squared gradient norm
     float* norm_partials = nullptr;
     double* loss_scratch = nullptr;  // (1) gpt_mean_loss's sum
@@ -448,8 +442,6 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
         cuda_check(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
     }
     blas_init(std::max<size_t>(BT, 1));
-    for (cudaEvent_t* e : {&m.side_ready, &m.fcproj_done, &m.fc_done, &m.attproj_done, &m.qkv_done})
-        cuda_check(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     cuda_check(cudaDeviceSynchronize());
 }
 
@@ -463,8 +455,6 @@ inline void gpt_free(GPT& m) {
         if (slot.host) cuda_check(cudaFreeHost(slot.host));
         if (slot.copied) cuda_check(cudaEventDestroy(slot.copied));
     }
-    for (cudaEvent_t e : {m.side_ready, m.fcproj_done, m.fc_done, m.attproj_done, m.qkv_done})
-        if (e) cuda_check(cudaEventDestroy(e));
     blas_destroy();
     m = GPT();
 }
@@ -693,15 +683,6 @@ inline void gpt_zero_grad(GPT& m) {
 
 // Backward of the last forward (which must have had targets and a dloss). Gradients accumulate (+=)
 // into m.grads, so several micro-batches add up to one step.
-//
-// With m.overlap each linear layer's weight gradient (dweight GEMM + dbias) goes to the side stream:
-// it reads dout and the layer's input, both finished, while the main stream goes on with dinp,
-// LayerNorm and attention. Each kernel computes exactly what it would in line (the same inputs, the
-// same algorithm; only its start time moves), so the bits do not change. The hazards are the buffers
-// the main stream rewrites while a weight gradient may still read them: dresidual (LayerNorm backward
-// adds into it in place) and dbig (dfc, then dqkv, then the next layer's dfc); the main stream waits
-// on that weight gradient's event first. Activations are not rewritten before the final join, except
-// the one recomputed GELU buffer (-r 1), which waits too.
 inline void gpt_backward(GPT& m, int B, int T) {
     const GPTConfig& c = m.config;
     const int L = c.L, C = c.C, NH = c.NH, BT = B * T;
@@ -710,18 +691,6 @@ inline void gpt_backward(GPT& m, int B, int T) {
     const ActivationTensors& a = m.acts;
     const StatTensors& s = m.stats;
     const size_t btc = size_t(BT) * C;
-    const cudaStream_t side = m.overlap ? blas_side_stream() : cudaStream_t(0);
-    auto to_side = [&]() {  // the side stream's next work starts after everything enqueued on main so far
-        if (!m.overlap) return;
-        cuda_check(cudaEventRecord(m.side_ready, 0));
-        cuda_check(cudaStreamWaitEvent(side, m.side_ready, 0));
-    };
-    auto side_done = [&](cudaEvent_t e) {
-        if (m.overlap) cuda_check(cudaEventRecord(e, side));
-    };
-    auto main_waits = [&](cudaEvent_t e) {  // (an event never recorded is no wait)
-        if (m.overlap) cuda_check(cudaStreamWaitEvent(0, e, 0));
-    };
 
     Profiler& prof = profiler();
     prof.mark("bwd.other");
@@ -745,56 +714,41 @@ inline void gpt_backward(GPT& m, int B, int T) {
 
         // MLP. dresidual is the gradient of residual3 = residual2 + fcproj, so also of fcproj.
         if (m.recompute) {  // -r 1: fcprojw's gradient needs this layer's GELU output, recomputed from fch
-            main_waits(m.fcproj_done);  // the layer above's fcproj weight gradient read the buffer
             prof.mark("bwd.gelu");
             gelu_forward(fch_gelu, fch, 4 * btc);
         }
-        prof.mark("bwd.matmul");  // (with -ov 1 the side stream's time is in no phase: it overlaps the main's)
-        to_side();
-        matmul_backward_weight(g.fcprojw + size_t(l) * 4 * C * C, (floatX*)nullptr, a.dresidual, fch_gelu, BT, 4 * C, C,
-                               side);  // its bias gradient came with the LayerNorm backward above
-        side_done(m.fcproj_done);
-        main_waits(m.qkv_done);  // the layer above's qkv weight gradient reads dbig (its dqkv)
+        prof.mark("bwd.matmul");
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
-        matmul_backward_input(a.dbig, a.dresidual, p.fcprojw + size_t(l) * 4 * C * C, BT, 4 * C, C,
-                              m.gelu_fusion >= 2 ? fch : nullptr);
+        matmul_backward(a.dbig, g.fcprojw + size_t(l) * 4 * C * C, (floatX*)nullptr, a.dresidual, fch_gelu,
+                        p.fcprojw + size_t(l) * 4 * C * C, BT, 4 * C, C, m.gelu_fusion >= 2 ? fch : nullptr);
         if (m.gelu_fusion < 2) {
             prof.mark("bwd.gelu");
             gelu_backward_inplace(a.dbig, fch, 4 * btc);
-            prof.mark("bwd.matmul");
         }
-        to_side();
-        matmul_backward_weight(g.fcw + size_t(l) * 4 * C * C, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, BT, C, 4 * C, side);
-        side_done(m.fc_done);
-        matmul_backward_input(a.dln, a.dbig, p.fcw + size_t(l) * 4 * C * C, BT, C, 4 * C);
+        prof.mark("bwd.matmul");
+        matmul_backward(a.dln, g.fcw + size_t(l) * 4 * C * C, g.fcb + size_t(l) * 4 * C, a.dbig, ln2,
+                        p.fcw + size_t(l) * 4 * C * C, BT, C, 4 * C);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
-        main_waits(m.fcproj_done);
         layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
                            s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C, 0, g.attprojb + size_t(l) * C);
         // Attention. dln now holds the gradient of atty, dbig that of qkv.
         prof.mark("bwd.matmul");
-        to_side();
-        matmul_backward_weight(g.attprojw + size_t(l) * C * C, (floatX*)nullptr, a.dresidual, atty, BT, C, C, side);
-        side_done(m.attproj_done);
-        matmul_backward_input(a.dln, a.dresidual, p.attprojw + size_t(l) * C * C, BT, C, C);
+        matmul_backward(a.dln, g.attprojw + size_t(l) * C * C, (floatX*)nullptr, a.dresidual, atty,
+                        p.attprojw + size_t(l) * C * C, BT, C, C);
         prof.mark("bwd.attention");
-        main_waits(m.fc_done);  // fc's weight gradient reads dbig (dfc), which the attention backward rewrites
 #if !defined(ENABLE_FP32)
-        if (m.flash)
+        if (m.flash)  // also adds dqkv's column sums into qkv's bias gradient
             flash_attention_backward(a.dbig, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
-                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes, g.qkvb + size_t(l) * 3 * C);  // + qkv's bias gradient
+                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes, g.qkvb + size_t(l) * 3 * C);
 #endif
         if (!m.flash) attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
-        to_side();
-        matmul_backward_weight(g.qkvw + size_t(l) * 3 * C * C, m.flash ? (floatX*)nullptr : g.qkvb + size_t(l) * 3 * C, a.dbig,
-                               ln1, BT, C, 3 * C, side);
-        side_done(m.qkv_done);
-        matmul_backward_input(a.dln, a.dbig, p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C);
+        floatX* qkv_dbias = m.flash ? nullptr : g.qkvb + size_t(l) * 3 * C;  // (flash: summed by the attention backward)
+        matmul_backward(a.dln, g.qkvw + size_t(l) * 3 * C * C, qkv_dbias, a.dbig, ln1, p.qkvw + size_t(l) * 3 * C * C, BT, C,
+                        3 * C);
         // += into dresidual: it becomes the gradient of this layer's input x.
         prof.mark("bwd.layernorm");
-        main_waits(m.attproj_done);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C, 0,
                            l > 0 ? g.fcprojb + size_t(l - 1) * C : (floatX*)nullptr);
@@ -802,8 +756,6 @@ inline void gpt_backward(GPT& m, int B, int T) {
     prof.mark("bwd.encoder");
     encoder_backward(g.wte, g.wpe, m.encoder_partials, a.dresidual, m.buckets, m.batch_slots[m.batch_slot].buckets, B, T,
                      C);
-    prof.mark("bwd.join");
-    main_waits(m.qkv_done);  // the side stream's last work: everything after (the next forward, the optimizer) sees it all
     prof.mark(nullptr);
 }
 
@@ -1091,7 +1043,6 @@ struct Options {
     int profile = 0;
     int flash = 1;
     int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT;
-    int overlap = 1;
 };
 
 static void usage(const Options& d) {
@@ -1124,8 +1075,6 @@ static void usage(const Options& d) {
            "  -ge <0|1|2> GELU in cuBLASLt matmul epilogues: 0 = separate GELU kernels, 1 = fused in the forward,\n"
            "              2 = forward and backward (default %d: 2 in bf16 builds; 0 in fp32 builds, the exact reference,\n"
            "              which keep their own tanh kernel; shapes cuBLASLt cannot fuse take the kernels either way)\n"
-           "  -ov <0|1>   1 = weight gradients on a second CUDA stream, beside the rest of the backward; the\n"
-           "              same bits either way (default %d)\n"
            "  -r <0|1>    1 = recompute GELU in the backward instead of keeping its output: saves (L-1)*B*T*4C\n"
            "              activations (1.0 GiB at d12 B=16 T=1024 bf16, 4.1 GiB at B=64) for one GELU kernel per\n"
            "              layer in the backward (~0.9 ms a step at B=16 on an H100, ~2.5%%) (default %d: speed\n"
@@ -1138,7 +1087,7 @@ static void usage(const Options& d) {
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
            d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle, d.profile, d.flash,
-           d.gelu_fusion, d.overlap, d.recompute);
+           d.gelu_fusion, d.recompute);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -1181,7 +1130,6 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-fa") o.flash = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-ge") o.gelu_fusion = (int)parse_int_flag(fl, v, 0, 2);
         else if (f == "-r") o.recompute = (int)parse_int_flag(fl, v, 0, 1);
-        else if (f == "-ov") o.overlap = (int)parse_int_flag(fl, v, 0, 1);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
     }
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
@@ -1319,7 +1267,6 @@ int main(int argc, char** argv) {
     GPT m;
     profiler().on = o.profile != 0;
     gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute);
-    m.overlap = o.overlap != 0;
     if (resumed) {
         cuda_check(cudaMemcpy(m.adam_m, state.adam_m.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
         cuda_check(cudaMemcpy(m.adam_v, state.adam_v.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
@@ -1329,9 +1276,9 @@ int main(int argc, char** argv) {
     const size_t real_params = m.num_params - size_t(c.Vp - c.V) * c.C;
     const double flops_per_token = 6.0 * real_params + 12.0 * c.L * c.C * o.T;
     const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
-    printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d, overlap -ov %d | model L=%d NH=%d C=%d "
+    printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d | model L=%d NH=%d C=%d "
            "maxT=%d V=%d (Vp=%d), %zu parameters\n",
-           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, (int)m.overlap, c.L, c.NH, c.C, c.maxT, c.V,
+           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, c.L, c.NH, c.C, c.maxT, c.V,
            c.Vp, real_params);
     printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
            "(%d batches)\n",
