@@ -6,8 +6,6 @@
 //             backward (no (B, NH, T, T) probabilities anywhere).
 //   backward  from dout (B, T, C), out, lse and qkv: D = rowsum(dout * out) (B, NH, T) into the
 //             caller's scratch, then dq, dk, dv written (not accumulated) into dqkv (B, T, 3C).
-//             Optionally also dbias_qkv (3C) += the column sums of dqkv as written (the qkv bias
-//             gradient), without reading dqkv again.
 //
 // q, k, v of head h at position t are the HS contiguous values at qkv[(b T + t) 3C + {0, C, 2C} + h HS]:
 // the kernels read them there (no permute pass) and write out / dqkv the same way.
@@ -39,19 +37,6 @@
 //     (2 tiles spill there); backward 4 warps x 16 rows per block, streamed tiles of 64, all HS.
 //     At B=64 NH=12 T=1024 HS=64 (H100): forward ~210 TFLOP/s, backward with dS stored ~172 (PyTorch
 //     SDPA flash in the same process: ~203, ~163).
-//   - The qkv bias gradient (column sums of dqkv over the B T rows) is fused into the kernels that
-//     write dqkv, deterministically: each block sums the bf16 values it writes over its 64 rows into
-//     one fp32 row of partial sums (B ceil(T / 64) x 3C in the scratch, each element written by exactly
-//     one block: the dk/dv block its 2 HS columns, the dq block its HS), and a small kernel sums each
-//     column over those rows in a fixed order and adds it to dbias once, rounding to bf16 once.
-//     Inside a block: a lane holds 2 columns of each 8-column accumulator tile for 2 rows of each
-//     16-row tile (see the fragment layout below), so it first adds its own rows, then the 8 lanes
-//     that share the columns (same lane % 4) add theirs by shuffles, then the warps through shared
-//     memory (the tiles' buffers, done with by then). Rows past T are skipped (not written). The
-//     partials are 1/32 of dqkv's bytes (fp32 per 64 rows against bf16 per row), written and read
-//     once, where the separate pass read all of dqkv (cuBLAS matrix-vector product: 0.105 ms at B=64
-//     T=1024 C=768, H100). A template flag: without dbias the kernels are the same machine code as
-//     before it existed (compared section by section in the cubin).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
 //     Every other head size up to 256 (and misaligned pointers) takes a plain path in this header:
 //     one warp per row, fp32 CUDA-core math, the same algorithm (online softmax, lse, recompute,
@@ -399,71 +384,6 @@ __host__ __device__ inline size_t ds_tile_index(int b, int h, int NH, int n, int
     return (size_t(b) * NH + h) * (size_t(n) * (n + 1) / 2) + size_t(qt) * (qt + 1) / 2 + kb;
 }
 
-// The fused qkv bias gradient (DBIAS): blocks of kDbiasRows rows (keys of a dk/dv block, queries of a
-// dq block, of one (b, h)) write the fp32 column sums of what they wrote to row b ceil(T / kDbiasRows)
-// + block of partials (B ceil(T / kDbiasRows) x 3C, dqkv's columns); dbias_reduce_kernel adds the
-// columns into dbias.
-constexpr int kDbiasRows = 64;
-inline size_t dbias_partial_rows(int B, int T) { return size_t(B) * ((T + kDbiasRows - 1) / kDbiasRows); }
-// The scratch: D (B, NH, T) fp32, padded to 256 bytes, then the partials.
-inline size_t backward_d_bytes(int B, int T, int NH) { return (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256; }
-
-__device__ __forceinline__ void add_bf16x2(float (&sum)[2], __nv_bfloat162 v) {
-    const float2 f = __bfloat1622float2(v);
-    sum[0] += f.x, sum[1] += f.y;
-}
-// v[dt][e]: this lane's sum over its rows of column dt 8 + 2 (lane % 4) + e of an accumulator; summed
-// over the 8 lanes holding those columns (lane / 4 = 0..7), into red[0 .. 8 DT) by lanes 0..3.
-template <int DT> __device__ __forceinline__ void warp_column_sums(float* red, float (&v)[DT][2]) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float x = v[dt][e];
-            x += __shfl_xor_sync(0xffffffffu, x, 4);
-            x += __shfl_xor_sync(0xffffffffu, x, 8);
-            x += __shfl_xor_sync(0xffffffffu, x, 16);
-            if (lane < 4) red[dt * 8 + 2 * lane + e] = x;
-        }
-}
-// dst[i] = sum over w < WARPS, in order, of red[w * ld + i], i < width: the block's column sums.
-template <int WARPS, int THREADS>
-__device__ __forceinline__ void block_column_sums(float* dst, const float* red, int width, int ld) {
-    for (int i = threadIdx.x; i < width; i += THREADS) {
-        float s = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) s += red[w * ld + i];
-        dst[i] = s;
-    }
-}
-// dbias[j] += sum over the rows of partial (rows x width) of column j, j < width: each thread sums
-// every kDbiasSlices-th row from its slice, the slices are then added in order: a fixed order, however
-// the blocks run. One rounding to bf16.
-constexpr int kDbiasSlices = 32;
-__global__ void __launch_bounds__(32 * kDbiasSlices) dbias_reduce_kernel(bf16* dbias, const float* partial, int rows, int width) {
-    __shared__ float red[kDbiasSlices][33];
-    const int lane = threadIdx.x % 32, slice = threadIdx.x / 32, col = blockIdx.x * 32 + lane;
-    float s = 0.0f;
-    if (col < width) {
-#pragma unroll 8
-        for (int r = slice; r < rows; r += kDbiasSlices) s += partial[size_t(r) * width + col];
-    }
-    red[slice][lane] = s;
-    __syncthreads();
-    if (slice == 0 && col < width) {
-#pragma unroll
-        for (int i = 1; i < kDbiasSlices; i++) s += red[i][lane];
-        dbias[col] = __float2bfloat16(__bfloat162float(dbias[col]) + s);
-    }
-}
-inline void launch_dbias_reduce(bf16* dbias, const float* partial, int B, int T, int NH, int HS, cudaStream_t stream) {
-    const int width = 3 * NH * HS;
-    const int rows = int(dbias_partial_rows(B, T));
-    dbias_reduce_kernel<<<(width + 31) / 32, 32 * kDbiasSlices, 0, stream>>>(dbias, partial, rows, width);
-    cuda_check_launch();
-}
-
 // dk, dv for BK = WARPS * MT * 16 keys (MT 16-key tiles per warp), streaming the query tiles (q, dO,
 // lse, D) of BQ rows that can see them. MT = 2 halves the shared-memory reads per MMA: every B
 // fragment (from q or dO) feeds both key tiles.
@@ -474,12 +394,10 @@ inline void launch_dbias_reduce(bf16* dbias, const float* partial, int B, int T,
 // pairs of adjacent queries. movmatrix transposes each 8x8 piece in registers, and each lane stores
 // its four pieces of a 16x16 block as one 16-byte vector: a tile is [query block][key block][lane]
 // of uint4 (8 KB), written and later read as whole 512-byte warp rows, at ds_tile_index.
-//
-// DBIAS (BK == kDbiasRows): also the column sums of the dk and dv it writes, into dbias_partial.
-template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS, bool STORE_DS, bool DBIAS = false>
+template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS, bool STORE_DS>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     backward_dkdv_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T,
-                         int NH, float scale, float* dbias_partial) {
+                         int NH, float scale) {
     constexpr int BK = WARPS * MT * 16, LD = HS + 8, NT = BQ / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
     static_assert(HS % 16 == 0 && BQ % 16 == 0, "tile shapes");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -503,8 +421,6 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     const int qt0 = kblk0 / BQ, n_qt = (T + BQ - 1) / BQ;
     const float sl2 = scale * kLog2e;
     static_assert(!STORE_DS || (BK == kDsTile && BQ == kDsTile), "dS tiles are kDsTile x kDsTile");
-    static_assert(!DBIAS || BK == kDbiasRows, "bias partials are per kDbiasRows rows");
-    static_assert(WARPS * 2 * HS * sizeof(float) <= 2 * BK * LD * sizeof(bf16), "warp sums fit in sK, sV");
 
     auto load_query_tile = [&](int qt, int st) {
         load_rows_async<HS, LD, THREADS>(sQ + st * BQ * LD, q_src, stride, qt * BQ, BQ, T);
@@ -646,10 +562,6 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         }
     }
 
-    float sum_k[DT][2], sum_v[DT][2];  // DBIAS: this lane's sums of the dk, dv it writes (columns dt 8 + 2 c4 + e)
-    if constexpr (DBIAS)
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) sum_k[dt][0] = sum_k[dt][1] = sum_v[dt][0] = sum_v[dt][1] = 0.0f;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -659,35 +571,22 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
             bf16* dst = dqkv + (size_t(b) * T + key) * stride + C + h * HS + 2 * c4;
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
-                const __nv_bfloat162 k2 = __floats2bfloat162_rn(dk[mt][dt][hf * 2] * scale, dk[mt][dt][hf * 2 + 1] * scale);
-                const __nv_bfloat162 v2 = __floats2bfloat162_rn(dv[mt][dt][hf * 2], dv[mt][dt][hf * 2 + 1]);
-                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) = k2;
-                *reinterpret_cast<__nv_bfloat162*>(dst + C + dt * 8) = v2;
-                if constexpr (DBIAS) add_bf16x2(sum_k[dt], k2), add_bf16x2(sum_v[dt], v2);
+                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                    __floats2bfloat162_rn(dk[mt][dt][hf * 2] * scale, dk[mt][dt][hf * 2 + 1] * scale);
+                *reinterpret_cast<__nv_bfloat162*>(dst + C + dt * 8) =
+                    __floats2bfloat162_rn(dv[mt][dt][hf * 2], dv[mt][dt][hf * 2 + 1]);
             }
         }
-    if constexpr (DBIAS) {
-        __syncthreads();  // every warp is done with sK and sV: they take the warps' sums, WARPS x (dk HS, dv HS)
-        float* red = reinterpret_cast<float*>(smem_raw);
-        warp_column_sums(red + warp * 2 * HS, sum_k);
-        warp_column_sums(red + warp * 2 * HS + HS, sum_v);
-        __syncthreads();
-        float* row = dbias_partial + (size_t(b) * gridDim.x + kb) * stride;
-        block_column_sums<WARPS, THREADS>(row + C + h * HS, red, HS, 2 * HS);
-        block_column_sums<WARPS, THREADS>(row + 2 * C + h * HS, red + HS, HS, 2 * HS);
-    }
 }
 
 // dq for BQ = WARPS * MT * 16 queries (MT 16-query tiles per warp), streaming the key tiles (k, v) of
-// BK rows they see. DBIAS (BQ == kDbiasRows): also the column sums of the dq it writes.
-template <int HS, int WARPS, int MT, int BK, int MIN_BLOCKS, bool DBIAS = false>
+// BK rows they see.
+template <int HS, int WARPS, int MT, int BK, int MIN_BLOCKS>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     backward_dq_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv, int T, int NH,
-                       float scale, float* dbias_partial) {
+                       float scale) {
     constexpr int BQ = WARPS * MT * 16, LD = HS + 8, NT = BK / 8, KS = HS / 16, DT = HS / 8, THREADS = WARPS * 32;
     static_assert(HS % 16 == 0 && BK % 16 == 0, "tile shapes");
-    static_assert(!DBIAS || BQ == kDbiasRows, "bias partials are per kDbiasRows rows");
-    static_assert(WARPS * HS * sizeof(float) <= BQ * LD * sizeof(bf16), "warp sums fit in sQ");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BQ x LD
     bf16* sO = sQ + BQ * LD;                       // BQ x LD (dO)
@@ -805,10 +704,6 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         }
     }
 
-    float sum_q[DT][2];  // DBIAS: this lane's sums of the dq it writes (columns dt 8 + 2 c4 + e)
-    if constexpr (DBIAS)
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) sum_q[dt][0] = sum_q[dt][1] = 0.0f;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -817,19 +712,10 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
             if (row >= T) continue;
             bf16* dst = dqkv + (size_t(b) * T + row) * stride + h * HS + 2 * c4;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                const __nv_bfloat162 q2 = __floats2bfloat162_rn(dq[mt][dt][hf * 2] * scale, dq[mt][dt][hf * 2 + 1] * scale);
-                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) = q2;
-                if constexpr (DBIAS) add_bf16x2(sum_q[dt], q2);
-            }
+            for (int dt = 0; dt < DT; dt++)
+                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                    __floats2bfloat162_rn(dq[mt][dt][hf * 2] * scale, dq[mt][dt][hf * 2 + 1] * scale);
         }
-    if constexpr (DBIAS) {
-        __syncthreads();  // every warp is done with sQ: it takes the warps' sums, WARPS x HS
-        float* red = reinterpret_cast<float*>(smem_raw);
-        warp_column_sums(red + warp * HS, sum_q);
-        __syncthreads();
-        block_column_sums<WARPS, THREADS>(dbias_partial + (size_t(b) * gridDim.x + qb) * stride + h * HS, red, HS, HS);
-    }
 }
 
 // dq for BQ = kDsTile queries (a warp per 16) from the dS tiles backward_dkdv_kernel<..., STORE_DS> wrote:
@@ -837,14 +723,10 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 // reads its A fragments straight from global memory (one coalesced 512-byte row per 16x16 block, the
 // next tile's prefetched into registers during this one's MMAs); k tiles are double-buffered in
 // shared memory. Bound by reading dS (8 KB per tile pair), not by arithmetic.
-//
-// DBIAS: also the column sums of the dq it writes (kDsTile == kDbiasRows).
-template <int HS, bool DBIAS = false>
+template <int HS>
 __global__ void __launch_bounds__(kDsTile * 2)
-    backward_dq_from_ds_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale, float* dbias_partial) {
+    backward_dq_from_ds_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
     constexpr int BQ = kDsTile, BK = kDsTile, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = kDsTile * 2;
-    static_assert(!DBIAS || BQ == kDbiasRows, "bias partials are per kDbiasRows rows");
-    static_assert(THREADS / 32 * HS * sizeof(float) <= 2 * BK * LD * sizeof(bf16), "warp sums fit in sK");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // 2 x BK x LD
 
@@ -891,28 +773,15 @@ __global__ void __launch_bounds__(kDsTile * 2)
             for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = next[ks];
     }
 
-    float sum_q[DT][2];  // DBIAS: this lane's sums of the dq it writes (columns dt 8 + 2 c4 + e)
-    if constexpr (DBIAS)
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) sum_q[dt][0] = sum_q[dt][1] = 0.0f;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int row = qt * BQ + warp * 16 + g + hf * 8;
         if (row >= T) continue;
         bf16* dst = dqkv + (size_t(b) * T + row) * stride + h * HS + 2 * c4;
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            const __nv_bfloat162 q2 = __floats2bfloat162_rn(dq[dt][hf * 2] * scale, dq[dt][hf * 2 + 1] * scale);
-            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) = q2;
-            if constexpr (DBIAS) add_bf16x2(sum_q[dt], q2);
-        }
-    }
-    if constexpr (DBIAS) {
-        __syncthreads();  // every warp is done with sK: it takes the warps' sums, 4 x HS
-        float* red = reinterpret_cast<float*>(smem_raw);
-        warp_column_sums(red + warp * HS, sum_q);
-        __syncthreads();
-        block_column_sums<THREADS / 32, THREADS>(dbias_partial + (size_t(b) * n_qt + qt) * stride + h * HS, red, HS, HS);
+        for (int dt = 0; dt < DT; dt++)
+            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                __floats2bfloat162_rn(dq[dt][hf * 2] * scale, dq[dt][hf * 2 + 1] * scale);
     }
 }
 
@@ -928,18 +797,13 @@ void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int
 // 16-query tiles, key tiles of BK. KMIN / QMIN: blocks per SM each kernel's registers must allow
 // (__launch_bounds__; 1 leaves the compiler free). ds (nullptr: recompute): room for the dS tiles
 // (backward_ds_bytes); the key side stores them and backward_dq_from_ds_kernel replaces the query side
-// (configurations with kDsTile-key blocks and kDsTile-query tiles only). dbias (nullptr: none): the
-// qkv bias gradient, += the column sums of dqkv, through dbias_partial (dbias_partial_rows x 3C
-// floats; configurations with kDbiasRows-row blocks on both sides only).
+// (configurations with kDsTile-key blocks and kDsTile-query tiles only).
 template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN, int QMIN>
 void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
-                     int T, int NH, cudaStream_t stream, bf16* dbias = nullptr, float* dbias_partial = nullptr) {
-    constexpr int BKB = WK * MK * 16, BQB = WQ * MQ * 16;
+                     int T, int NH, cudaStream_t stream) {
+    constexpr int BKB = WK * MK * 16;
     constexpr bool kCanStore = BKB == kDsTile && BQ == kDsTile;
-    constexpr bool kCanBias = BKB == kDbiasRows && BQB == kDbiasRows && kDsTile == kDbiasRows;
     if (ds && !kCanStore) fail("flash attention backward: this configuration cannot store dS tiles");
-    if (dbias && !kCanBias) fail("flash attention backward: this configuration cannot sum the bias gradient");
-    if (dbias && !dbias_partial) fail("flash attention backward: the bias gradient needs room for partial sums");
     launch_backward_dot<HS>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / sqrtf(float(HS));
     {
@@ -947,37 +811,25 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
         auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, false>;
         if constexpr (kCanStore)
             if (ds) kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, true>;
-        if constexpr (kCanBias) {
-            if (dbias) kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, false, true>;
-            if constexpr (kCanStore)
-                if (ds && dbias) kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, true, true>;
-        }
-        const int variant = (ds != nullptr) + 2 * (dbias != nullptr);
-        static bool configured[4] = {false, false, false, false};
-        if (!configured[variant]) allow_smem(kernel, smem), configured[variant] = true;
-        kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale,
-                                                                            dbias_partial);
+        static bool configured[2] = {false, false};
+        if (!configured[ds != nullptr]) allow_smem(kernel, smem), configured[ds != nullptr] = true;
+        kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
         cuda_check_launch();
     }
     if (ds) {
         const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
-        auto kernel = backward_dq_from_ds_kernel<HS, false>;
-        if constexpr (kCanBias)
-            if (dbias) kernel = backward_dq_from_ds_kernel<HS, true>;
-        kernel<<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T, NH, scale,
-                                                                                        dbias_partial);
+        backward_dq_from_ds_kernel<HS><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T,
+                                                                                                               NH, scale);
         cuda_check_launch();
     } else {
+        constexpr int BQB = WQ * MQ * 16;
         const size_t smem = size_t(2 * BQB + 4 * BK) * (HS + 8) * sizeof(bf16);
-        auto kernel = backward_dq_kernel<HS, WQ, MQ, BK, QMIN, false>;
-        if constexpr (kCanBias)
-            if (dbias) kernel = backward_dq_kernel<HS, WQ, MQ, BK, QMIN, true>;
-        static bool configured[2] = {false, false};
-        if (!configured[dbias != nullptr]) allow_smem(kernel, smem), configured[dbias != nullptr] = true;
-        kernel<<<dim3((T + BQB - 1) / BQB, NH, B), WQ * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale, dbias_partial);
+        auto kernel = backward_dq_kernel<HS, WQ, MQ, BK, QMIN>;
+        static bool configured = false;
+        if (!configured) allow_smem(kernel, smem), configured = true;
+        kernel<<<dim3((T + BQB - 1) / BQB, NH, B), WQ * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
         cuda_check_launch();
     }
-    if (dbias) launch_dbias_reduce(dbias, dbias_partial, B, T, NH, HS, stream);
 }
 
 // Bytes of dS tiles (kDsTile x kDsTile bf16, the causal ones) the dS-storing backward needs.
@@ -988,21 +840,11 @@ inline size_t backward_ds_bytes(int B, int T, int NH) {
 
 template <int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN = 1, int QMIN = 1>
 bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
-                 int NH, int HS, cudaStream_t stream, uint4* ds = nullptr, bf16* dbias = nullptr,
-                 float* dbias_partial = nullptr) {
+                 int NH, int HS, cudaStream_t stream, uint4* ds = nullptr) {
     switch (HS) {
-        case 64:
-            launch_backward<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream, dbias,
-                                                                    dbias_partial);
-            return true;
-        case 80:
-            launch_backward<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream, dbias,
-                                                                    dbias_partial);
-            return true;
-        case 128:
-            launch_backward<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream, dbias,
-                                                                     dbias_partial);
-            return true;
+        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
         default: return false;
     }
 }
@@ -1068,13 +910,14 @@ __global__ void plain_forward_kernel(bf16* out, float* lse, const bf16* qkv, int
     if (lane == 0) lse[row] = (m + log2f(l)) * kLn2;
 }
 
-// dq for query row (b, h, t), row = (b NH + h) T + t, written to dqkv: sum over keys j <= t of dS_tj
-// k_j. sq, sdo: the warp's shared rows. SUM: the values written also go into sum (d = lane + 32 i).
-template <bool SUM>
-__device__ __forceinline__ void plain_dq_row(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
-                                             int warp, int lane, long long row, int b, int h, int t, int T, int NH, int HS,
-                                             float scale, float (*sq)[kPlainMaxHS], float (*sdo)[kPlainMaxHS],
-                                             float (&sum)[kPlainPerLane]) {
+// dq for query row (b, h, t): sum over keys j <= t of dS_tj k_j.
+__global__ void plain_backward_dq_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
+                                         int B, int T, int NH, int HS, float scale) {
+    __shared__ float sq[kPlainWarps][kPlainMaxHS], sdo[kPlainWarps][kPlainMaxHS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * kPlainWarps + warp;
+    if (row >= (long long)B * NH * T) return;
+    const int t = int(row % T), h = int(row / T % NH), b = int(row / ((long long)T * NH));
     const int C = NH * HS;
     const size_t stride = 3 * size_t(C);
     const bf16* base = qkv + size_t(b) * T * stride + h * HS;
@@ -1104,19 +947,17 @@ __device__ __forceinline__ void plain_dq_row(bf16* dqkv, const bf16* dout, const
     bf16* dst = dqkv + (size_t(b) * T + t) * stride + h * HS;
 #pragma unroll
     for (int i = 0; i < kPlainPerLane; i++)
-        if (lane + 32 * i < HS) {
-            const bf16 x = __float2bfloat16(acc[i] * scale);
-            dst[lane + 32 * i] = x;
-            if constexpr (SUM) sum[i] += __bfloat162float(x);
-        }
+        if (lane + 32 * i < HS) dst[lane + 32 * i] = __float2bfloat16(acc[i] * scale);
 }
 
-// dk, dv for key row (b, h, j), row = (b NH + h) T + j: sums over queries t >= j. SUM: as above.
-template <bool SUM>
-__device__ __forceinline__ void plain_dkdv_row(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum,
-                                               const bf16* qkv, int warp, int lane, long long row, int b, int h, int j, int T,
-                                               int NH, int HS, float scale, float (*sk)[kPlainMaxHS], float (*sv)[kPlainMaxHS],
-                                               float (&sum_k)[kPlainPerLane], float (&sum_v)[kPlainPerLane]) {
+// dk, dv for key row (b, h, j): sums over queries t >= j.
+__global__ void plain_backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum,
+                                           const bf16* qkv, int B, int T, int NH, int HS, float scale) {
+    __shared__ float sk[kPlainWarps][kPlainMaxHS], sv[kPlainWarps][kPlainMaxHS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long row = (long long)blockIdx.x * kPlainWarps + warp;
+    if (row >= (long long)B * NH * T) return;
+    const int j = int(row % T), h = int(row / T % NH), b = int(row / ((long long)T * NH));
     const int C = NH * HS;
     const size_t stride = 3 * size_t(C);
     const bf16* base = qkv + size_t(b) * T * stride + h * HS;
@@ -1154,70 +995,9 @@ __device__ __forceinline__ void plain_dkdv_row(bf16* dqkv, const bf16* dout, con
 #pragma unroll
     for (int i = 0; i < kPlainPerLane; i++)
         if (lane + 32 * i < HS) {
-            const bf16 xk = __float2bfloat16(dk[i] * scale), xv = __float2bfloat16(dv[i]);
-            dst[lane + 32 * i] = xk;
-            dst[C + lane + 32 * i] = xv;
-            if constexpr (SUM) sum_k[i] += __bfloat162float(xk), sum_v[i] += __bfloat162float(xv);
+            dst[lane + 32 * i] = __float2bfloat16(dk[i] * scale);
+            dst[C + lane + 32 * i] = __float2bfloat16(dv[i]);
         }
-}
-
-// Without DBIAS: a warp per row of B * NH * T, (b, h, t) with t fastest. With DBIAS: a block per
-// kDbiasRows rows of one (b, h) (grid (ceil(T / kDbiasRows), NH, B)), warp w on rows w, w + 4, ...,
-// so that a block's column sums are one partial row's; the warps' sums meet in their shared rows.
-template <bool DBIAS>
-__global__ void plain_backward_dq_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
-                                         int B, int T, int NH, int HS, float scale, float* dbias_partial) {
-    __shared__ float sq[kPlainWarps][kPlainMaxHS], sdo[kPlainWarps][kPlainMaxHS];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float sum[kPlainPerLane] = {};
-    if constexpr (!DBIAS) {
-        const long long row = (long long)blockIdx.x * kPlainWarps + warp;
-        if (row >= (long long)B * NH * T) return;
-        const int t = int(row % T), h = int(row / T % NH), b = int(row / ((long long)T * NH));
-        plain_dq_row<false>(dqkv, dout, lse, Dsum, qkv, warp, lane, row, b, h, t, T, NH, HS, scale, sq, sdo, sum);
-    } else {
-        const int h = blockIdx.y, b = blockIdx.z, t_end = min(T, int(blockIdx.x + 1) * kDbiasRows);
-        for (int t = blockIdx.x * kDbiasRows + warp; t < t_end; t += kPlainWarps) {
-            const long long row = (long long)(b * NH + h) * T + t;
-            plain_dq_row<true>(dqkv, dout, lse, Dsum, qkv, warp, lane, row, b, h, t, T, NH, HS, scale, sq, sdo, sum);
-            __syncwarp();  // the next row's q and dO overwrite the warp's shared rows
-        }
-#pragma unroll
-        for (int i = 0; i < kPlainPerLane; i++)
-            if (lane + 32 * i < HS) sq[warp][lane + 32 * i] = sum[i];
-        __syncthreads();
-        float* dst = dbias_partial + (size_t(b) * gridDim.x + blockIdx.x) * 3 * NH * HS + h * HS;
-        block_column_sums<kPlainWarps, kPlainWarps * 32>(dst, &sq[0][0], HS, kPlainMaxHS);
-    }
-}
-
-template <bool DBIAS>
-__global__ void plain_backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const float* lse, const float* Dsum,
-                                           const bf16* qkv, int B, int T, int NH, int HS, float scale, float* dbias_partial) {
-    __shared__ float sk[kPlainWarps][kPlainMaxHS], sv[kPlainWarps][kPlainMaxHS];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float sum_k[kPlainPerLane] = {}, sum_v[kPlainPerLane] = {};
-    if constexpr (!DBIAS) {
-        const long long row = (long long)blockIdx.x * kPlainWarps + warp;
-        if (row >= (long long)B * NH * T) return;
-        const int j = int(row % T), h = int(row / T % NH), b = int(row / ((long long)T * NH));
-        plain_dkdv_row<false>(dqkv, dout, lse, Dsum, qkv, warp, lane, row, b, h, j, T, NH, HS, scale, sk, sv, sum_k, sum_v);
-    } else {
-        const int h = blockIdx.y, b = blockIdx.z, j_end = min(T, int(blockIdx.x + 1) * kDbiasRows);
-        for (int j = blockIdx.x * kDbiasRows + warp; j < j_end; j += kPlainWarps) {
-            const long long row = (long long)(b * NH + h) * T + j;
-            plain_dkdv_row<true>(dqkv, dout, lse, Dsum, qkv, warp, lane, row, b, h, j, T, NH, HS, scale, sk, sv, sum_k, sum_v);
-            __syncwarp();  // the next row's k and v overwrite the warp's shared rows
-        }
-#pragma unroll
-        for (int i = 0; i < kPlainPerLane; i++)
-            if (lane + 32 * i < HS) sk[warp][lane + 32 * i] = sum_k[i], sv[warp][lane + 32 * i] = sum_v[i];
-        __syncthreads();
-        const int C = NH * HS;
-        float* dst = dbias_partial + (size_t(b) * gridDim.x + blockIdx.x) * 3 * C;
-        block_column_sums<kPlainWarps, kPlainWarps * 32>(dst + C + h * HS, &sk[0][0], HS, kPlainMaxHS);
-        block_column_sums<kPlainWarps, kPlainWarps * 32>(dst + 2 * C + h * HS, &sv[0][0], HS, kPlainMaxHS);
-    }
 }
 
 inline void forward_plain(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
@@ -1227,31 +1007,16 @@ inline void forward_plain(bf16* out, float* lse, const bf16* qkv, int B, int T, 
     cuda_check_launch();
 }
 
-// dbias (nullptr: none): as launch_backward's.
 inline void backward_plain(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
-                           int T, int NH, int HS, cudaStream_t stream, bf16* dbias = nullptr, float* dbias_partial = nullptr) {
-    if (dbias && !dbias_partial) fail("flash attention backward: the bias gradient needs room for partial sums");
+                           int T, int NH, int HS, cudaStream_t stream) {
     const long long rows = (long long)B * NH * T;
     backward_dot_plain_kernel<<<unsigned((rows + 7) / 8), 256, 0, stream>>>(D, dout, out, B, T, NH, HS);
     cuda_check_launch();
-    const float scale = 1.0f / sqrtf(float(HS));
-    if (dbias) {
-        const dim3 grid((T + kDbiasRows - 1) / kDbiasRows, NH, B);
-        plain_backward_dq_kernel<true><<<grid, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale,
-                                                                              dbias_partial);
-        cuda_check_launch();
-        plain_backward_dkdv_kernel<true><<<grid, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale,
-                                                                                dbias_partial);
-        cuda_check_launch();
-        launch_dbias_reduce(dbias, dbias_partial, B, T, NH, HS, stream);
-        return;
-    }
     const unsigned blocks = unsigned((rows + kPlainWarps - 1) / kPlainWarps);
-    plain_backward_dq_kernel<false><<<blocks, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale,
-                                                                             nullptr);
+    const float scale = 1.0f / sqrtf(float(HS));
+    plain_backward_dq_kernel<<<blocks, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale);
     cuda_check_launch();
-    plain_backward_dkdv_kernel<false><<<blocks, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale,
-                                                                               nullptr);
+    plain_backward_dkdv_kernel<<<blocks, kPlainWarps * 32, 0, stream>>>(dqkv, dout, lse, D, qkv, B, T, NH, HS, scale);
     cuda_check_launch();
 }
 
@@ -1283,11 +1048,10 @@ inline void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_b
     }
 }
 
-// Scratch for the backward: D = rowsum(dout * out), fp32 (B, NH, T), then (used only with dbias_qkv)
-// the bias gradient's partial column sums, fp32 (B ceil(T / 64), 3 NH HS): 12 MiB in all at B=64
-// NH=12 T=1024 HS=64 (3 + 9).
+// Scratch for the backward: D = rowsum(dout * out), fp32 (B, NH, T).
 inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
-    return flash_detail::backward_d_bytes(B, T, NH) + flash_detail::dbias_partial_rows(B, T) * 3 * NH * HS * sizeof(float);
+    (void)HS;
+    return (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256;
 }
 
 // Optional second scratch for the backward: room for dS, bf16, in 64 x 64 tiles on and below the
@@ -1299,26 +1063,20 @@ inline size_t flash_attention_backward_ds_bytes(int B, int T, int NH, int HS) {
 }
 
 // dqkv (B, T, 3*NH*HS), overwritten, from dout and out (B, T, NH*HS), lse (B, NH, T) and qkv.
-// scratch: flash_attention_backward_scratch_bytes (256-byte aligned, as cudaMalloc gives); ds_scratch
-// (may be nullptr): see above. dbias_qkv (3*NH*HS; may be nullptr): the qkv bias gradient, +=
-// the column sums of dqkv over the B*T rows (of the bf16 values written, summed in fp32 in a fixed
-// order, added with one bf16 rounding): what a matrix-vector product over dqkv would add, without
-// reading dqkv again.
+// scratch: flash_attention_backward_scratch_bytes; ds_scratch (may be nullptr): see above.
 inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                                      const float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int HS,
-                                     cudaStream_t stream = 0, void* ds_scratch = nullptr, size_t ds_scratch_bytes = 0,
-                                     __nv_bfloat16* dbias_qkv = nullptr) {
+                                     cudaStream_t stream = 0, void* ds_scratch = nullptr, size_t ds_scratch_bytes = 0) {
     using namespace flash_detail;
     check_shape(B, T, NH, HS);
     float* D = static_cast<float*>(scratch);
-    float* partial = dbias_qkv ? reinterpret_cast<float*>(static_cast<char*>(scratch) + backward_d_bytes(B, T, NH)) : nullptr;
     const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(out) &&
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
-                                        store_ds ? static_cast<uint4*>(ds_scratch) : nullptr, dbias_qkv, partial);
+                                        store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {
-        backward_plain(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream, dbias_qkv, partial);
+        backward_plain(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
     }
 }

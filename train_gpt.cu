@@ -738,15 +738,14 @@ inline void gpt_backward(GPT& m, int B, int T) {
                         p.attprojw + size_t(l) * C * C, BT, C, C);
         prof.mark("bwd.attention");
 #if !defined(ENABLE_FP32)
-        if (m.flash)  // also adds dqkv's column sums into qkv's bias gradient
+        if (m.flash)
             flash_attention_backward(a.dbig, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
-                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes, g.qkvb + size_t(l) * 3 * C);
+                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes);
 #endif
         if (!m.flash) attention_backward(a.dbig, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
-        floatX* qkv_dbias = m.flash ? nullptr : g.qkvb + size_t(l) * 3 * C;  // (flash: summed by the attention backward)
-        matmul_backward(a.dln, g.qkvw + size_t(l) * 3 * C * C, qkv_dbias, a.dbig, ln1, p.qkvw + size_t(l) * 3 * C * C, BT, C,
-                        3 * C);
+        matmul_backward(a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, a.dbig, ln1,
+                        p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C);
         // += into dresidual: it becomes the gradient of this layer's input x.
         prof.mark("bwd.layernorm");
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,

@@ -43,13 +43,6 @@
 //      instead of 7, for an extra write and read of the causal dS (0.86 GB at the benchmark shape).
 //   11 the header's flash_attention_backward (the configuration it picks per head size; given room for
 //      dS, as here, version 10).
-//   12 as 11, also adding the qkv bias gradient (flash_attention_backward's dbias_qkv: dbias += the
-//      column sums of dqkv): each block of the dk/dv and dq kernels sums what it writes over its 64
-//      rows into one row of fp32 partials, a small kernel adds the columns into dbias. Training ran
-//      that as a separate cuBLAS matrix-vector product reading all of dqkv (B T x 3C bf16) again.
-//   13 as 12 without room for dS: the recomputing dq kernel (version 4's) with the fused sums.
-//   Versions 12 and 13 are also checked on dbias (start non-zero, so the += is checked too); the
-//   benchmark times the separate pass they replace beside them.
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -64,7 +57,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 13;
+constexpr int kNumVersions = 11;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -135,24 +128,19 @@ __global__ void dkdv_kernel1(T* dqkv, const T* dout, const float* lse, const flo
 // ---------------------------------------------------------------------------------------------
 // Dispatch.
 
-// Everything a version may need beyond its inputs: D and the bias partials (versions 1, 3+; the
-// header's scratch), the dS tiles (10..12; poisoned with NaN so a tile the dq kernel reads but nobody
-// wrote fails the check), the qkv bias gradient (12, 13; the caller fills it; kBiasGuard elements
-// past its 3C that nothing may write), and for version 2 the forward's probabilities and
-// attention.cuh's permute buffers.
-constexpr int kBiasGuard = 8;
+// Everything a version may need beyond its inputs: D (versions 1, 3+), the dS tiles (10, 11; poisoned
+// with NaN so a tile the dq kernel reads but nobody wrote fails the check), and for version 2 the
+// forward's probabilities and attention.cuh's permute buffers.
 template <typename T> struct Scratch {
     DeviceBuffer<float> D;
     std::unique_ptr<DeviceBuffer<uint4>> ds;
-    std::unique_ptr<DeviceBuffer<__nv_bfloat16>> dbias;  // (3C)
     std::unique_ptr<DeviceBuffer<T>> att, qkvr, dqkvr, dyr, datt, y, yr;
-    Scratch(const AttnShape& s, bool cublas, bool store_ds = false, bool bias = false)
+    Scratch(const AttnShape& s, bool cublas, bool store_ds = false)
         : D(flash_attention_backward_scratch_bytes(s.B, s.T, s.NH, s.HS) / 4, "D") {
         if (store_ds) {
             ds.reset(new DeviceBuffer<uint4>(flash_detail::backward_ds_bytes(s.B, s.T, s.NH) / sizeof(uint4), "dS tiles"));
             ds->poison();
         }
-        if (bias) dbias.reset(new DeviceBuffer<__nv_bfloat16>(3 * size_t(s.C()) + kBiasGuard, "dbias"));
         if (!cublas) return;
         const size_t tt = size_t(s.B) * s.NH * s.T * s.T, per = s.rows() * s.C();
         att.reset(new DeviceBuffer<T>(tt, "att")), datt.reset(new DeviceBuffer<T>(tt, "datt"));
@@ -207,15 +195,6 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
             flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr, sc.ds->n * sizeof(uint4));
             if (!flash_attention_supported(HS)) return "plain path for this HS";
             break;
-        case 12:
-            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr, sc.ds->n * sizeof(uint4),
-                                     sc.dbias->ptr);
-            if (!flash_attention_supported(HS)) return "plain path for this HS";
-            break;
-        case 13:
-            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, nullptr, 0, sc.dbias->ptr);
-            if (!flash_attention_supported(HS)) return "plain path for this HS";
-            break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }
     if (!ran) {
@@ -226,8 +205,7 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
 }
 
 bool version_has_dtype(int version, bool bf16) { return bf16 || version <= 2; }
-bool version_stores_ds(int version) { return version >= 10 && version <= 12; }
-bool version_sums_bias(int version) { return version >= 12; }
+bool version_stores_ds(int version) { return version >= 10; }
 
 // ---------------------------------------------------------------------------------------------
 // Validation.
@@ -237,65 +215,14 @@ struct Inputs {
     std::vector<float> lse;
 };
 
-// The fused qkv bias gradient (versions 12, 13): got = bias0 + the column sums of dqkv, two ways.
-// bf16 keeps 8 significant bits: rounding to it moves a value by at most 2^-8 of itself.
-//   - Against the reference: column j of the reference dqkv summed in double, bias0 added. Every
-//     element w of dqkv passed |w - ref| <= bound |terms| + 2^-8 |ref| (check_normalized; bound the
-//     element bound, 6 2^-9 for these versions), so the exact sum of the values written is within
-//     (bound + 2^-8) sum|terms| of the reference's. The fp32 sum of N = B T values adds at most
-//     (N - 1) 2^-24 sum|w| (any order of additions), adding bias0 in fp32 2^-24 of the result, and the
-//     result's rounding to bf16 2^-8 of itself. So err / (sum|terms| + |bias0|) <= (1 + 2^-8) (bound
-//     + 2^-8 + (N + 2) 2^-23) (2^-23 covers sum|w| <= (1 + bound + 2^-8) sum|terms|), plus 2^-8
-//     relative. Loose (worst case per element; errors of random sign grow like sqrt(N)), hence also:
-//   - Against this run's own dqkv: the same sums of the very values written, in double. Only the fp32
-//     summation and the final rounding remain: err / (sum|w| + |bias0|) <= (1 + 2^-8) (N + 2) 2^-24
-//     plus 2^-8 relative. Sharp: a 64-row block missing or counted twice moves a column by ~64 / N of
-//     sum|w|, ~1000 times the first part at N = 1000 (the largest check shape), a single row ~16
-//     times; `=` for `+=` moves it by |bias0|.
-template <typename G>
-bool check_bias(const std::vector<G>& dqkv, const std::vector<__nv_bfloat16>& got, const std::vector<float>& bias0,
-                const AttnReference& ref, const AttnShape& s, double element_bound) {
-    const size_t W = 3 * size_t(s.C()), N = s.rows();
-    std::vector<double> ref_sum(W, 0.0), terms(W, 0.0), own(W, 0.0), own_abs(W, 0.0);
-    for (size_t r = 0; r < N; r++)
-        for (size_t j = 0; j < W; j++) {
-            const double w = to_double(dqkv[r * W + j]);
-            ref_sum[j] += ref.dqkv[r * W + j], terms[j] += ref.dqkv_terms[r * W + j];
-            own[j] += w, own_abs[j] += std::fabs(w);
-        }
-    std::vector<double> g1(W), r1(W), g2(W), r2(W);
-    for (size_t j = 0; j < W; j++) {
-        const double b0 = bias0[j], g = to_double(got[j]);
-        const double m1 = terms[j] + std::fabs(b0) + 1e-30, m2 = own_abs[j] + std::fabs(b0) + 1e-30;
-        g1[j] = g / m1, r1[j] = (b0 + ref_sum[j]) / m1;
-        g2[j] = g / m2, r2[j] = (b0 + own[j]) / m2;
-    }
-    const double r8 = std::ldexp(1.0, -8);
-    bool ok = check_close("dbias vs reference (err / |terms|)", g1.data(), r1.data(), W,
-                          (1 + r8) * (element_bound + r8 + (N + 2) * std::ldexp(1.0, -23)), r8);
-    ok &= check_close("dbias vs own dqkv (err / sum|dqkv|)", g2.data(), r2.data(), W, (1 + r8) * (N + 2) * std::ldexp(1.0, -24),
-                      r8);
-    return ok;
-}
-
 template <typename T> bool check_one(int version, const AttnShape& s, const Inputs& in, const AttnReference& ref) {
     const bool bf16 = std::is_same<T, __nv_bfloat16>::value;
     DeviceBuffer<T> qkv(in.qkv.size(), "qkv"), dout(in.dout.size(), "dout"), out(in.out.size(), "out");
     DeviceBuffer<T> dqkv(in.qkv.size(), "dqkv");
     DeviceBuffer<float> lse(in.lse.size(), "lse");
     qkv.upload(convert<T>(in.qkv)), dout.upload(convert<T>(in.dout)), out.upload(convert<T>(in.out)), lse.upload(in.lse);
-    Scratch<T> sc(s, version == 2, version_stores_ds(version), version_sums_bias(version));
+    Scratch<T> sc(s, version == 2, version_stores_ds(version));
     if (version == 2) prepare_version2(sc, qkv.ptr, s);
-    std::vector<float> bias0;
-    std::vector<__nv_bfloat16> bias_init;
-    if (sc.dbias) {
-        bias0 = make_uniform_bf16(3 * size_t(s.C()), -1.0f, 1.0f, 99);
-        bias_init = convert<__nv_bfloat16>(bias0);
-        __nv_bfloat16_raw nan;
-        nan.x = 0xffff;
-        bias_init.resize(sc.dbias->n, __nv_bfloat16(nan));  // the guard
-        sc.dbias->upload(bias_init);
-    }
     dqkv.poison();
     const char* note = run_version<T>(version, dqkv.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc);
     cuda_check(cudaDeviceSynchronize());
@@ -307,15 +234,6 @@ template <typename T> bool check_one(int version, const AttnShape& s, const Inpu
     const char* names[3] = {"dq", "dk", "dv"};
     for (int part = 0; part < 3; part++)
         ok &= check_normalized(names[part], got.data(), ref.dqkv, ref.dqkv_terms, s.rows(), 3 * s.C(), part, s.C(), bound, bf16);
-    if (sc.dbias) {
-        const auto bias = sc.dbias->download();
-        ok &= check_bias(got, bias, bias0, ref, s, bound);
-        const size_t W = bias0.size();
-        const bool guard = memcmp(bias.data() + W, bias_init.data() + W, kBiasGuard * sizeof(__nv_bfloat16)) == 0;
-        printf("  %-40s %s  (%d NaN elements past 3C, compared bit for bit)\n", "dbias guard", guard ? "ok  " : "FAIL",
-               kBiasGuard);
-        ok &= guard;
-    }
     return ok;
 }
 
@@ -356,45 +274,26 @@ void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
 }
 
 // Determinism: the header's backward twice on the same inputs gives identical bits (with room for dS,
-// and once more without it, which takes the recomputing dq kernel); with the fused bias gradient
-// (versions 12, 13) twice more: dbias identical between the two runs, and dqkv identical to the runs
-// without it (the fused sums must not change what is written).
+// and once more without it, which takes the recomputing dq kernel).
 bool check_deterministic(const AttnShape& s) {
     typedef __nv_bfloat16 bf16;
     const Inputs in = make_inputs(s, 4242, nullptr);
     DeviceBuffer<bf16> qkv(in.qkv.size(), "qkv"), dout(in.dout.size(), "dout"), out(in.out.size(), "out");
     DeviceBuffer<bf16> d1(in.qkv.size(), "dqkv"), d2(in.qkv.size(), "dqkv");
-    DeviceBuffer<bf16> b1(3 * size_t(s.C()), "dbias"), b2(3 * size_t(s.C()), "dbias");
     DeviceBuffer<float> lse(in.lse.size(), "lse");
     qkv.upload(convert<bf16>(in.qkv)), dout.upload(convert<bf16>(in.dout)), out.upload(convert<bf16>(in.out)), lse.upload(in.lse);
-    const std::vector<bf16> bias0 = convert<bf16>(make_uniform_bf16(b1.n, -1.0f, 1.0f, 99));
     Scratch<bf16> sc(s, false, true);
     const size_t ds_bytes = sc.ds->n * sizeof(uint4);
-    auto same_bits = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
-        return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
-    };
     bool same = true;
     for (bool with_ds : {true, false}) {
-        std::vector<bf16> plain[2], fused[2], bias[2];
-        for (bool with_bias : {false, true}) {
-            d1.poison(), d2.poison();
-            b1.upload(bias0), b2.upload(bias0);
-            for (int i = 0; i < 2; i++)
-                flash_attention_backward((i ? d2 : d1).ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS, 0,
-                                         with_ds ? sc.ds->ptr : nullptr, with_ds ? ds_bytes : 0,
-                                         with_bias ? (i ? b2 : b1).ptr : nullptr);
-            std::vector<bf16>* dst = with_bias ? fused : plain;
-            dst[0] = d1.download(), dst[1] = d2.download();
-            if (with_bias) bias[0] = b1.download(), bias[1] = b2.download();
-        }
-        const char* how = with_ds ? "dS stored" : "dS recomputed";
-        const bool ok_plain = same_bits(plain[0], plain[1]);
-        const bool ok_fused = same_bits(fused[0], fused[1]) && same_bits(fused[0], plain[0]);
-        const bool ok_bias = same_bits(bias[0], bias[1]);
-        printf("  header backward run twice (%s): %s\n", how, ok_plain ? "bitwise identical" : "DIFFERENT");
-        printf("  with dbias, run twice (%s): dqkv %s, dbias %s\n", how,
-               ok_fused ? "bitwise identical to without" : "DIFFERENT", ok_bias ? "bitwise identical" : "DIFFERENT");
-        same &= ok_plain && ok_fused && ok_bias;
+        d1.poison(), d2.poison();
+        for (DeviceBuffer<bf16>* d : {&d1, &d2})
+            flash_attention_backward(d->ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS, 0,
+                                     with_ds ? sc.ds->ptr : nullptr, with_ds ? ds_bytes : 0);
+        const auto a = d1.download(), b = d2.download();
+        const bool ok = memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
+        printf("  header backward run twice (%s): %s\n", with_ds ? "dS stored" : "dS recomputed", ok ? "bitwise identical" : "DIFFERENT");
+        same &= ok;
     }
     return same;
 }
@@ -418,27 +317,14 @@ template <typename T> void benchmark(const std::vector<int>& versions, const Att
     lse.upload(make_uniform_bf16(lse.n, 3.0f, 6.0f, 7));
     for (int v : versions) {
         if (!version_has_dtype(v, std::is_same<T, __nv_bfloat16>::value)) continue;
-        Scratch<T> sc(s, v == 2, version_stores_ds(v), version_sums_bias(v));
+        Scratch<T> sc(s, v == 2, version_stores_ds(v));
         if (v == 2) prepare_version2(sc, qkv.ptr, s);
-        if (sc.dbias) cuda_check(cudaMemset(sc.dbias->ptr, 0, sc.dbias->n * sizeof(__nv_bfloat16)));
         const char* note = nullptr;
         auto run = [&] { note = run_version<T>(v, dqkv.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc); };
         const float first = time_median_ms(run, 1, 1);
         const float ms = first > 20.0f ? time_median_ms(run, 1, 3) : time_median_ms(run, 10, 50);
         printf("  %-8d %-6s %12.4f %10.1f%s%s\n", v, dtype_name<T>(), ms, flops / (ms * 1e-3) / 1e12, note ? "  " : "",
                note ? note : "");
-    }
-    // What 12 and 13 fuse away: the qkv bias gradient as its own pass, matmul_backward's cuBLAS
-    // matrix-vector product (dbias += dqkv^T ones) reading all of dqkv.
-    if (std::is_same<T, __nv_bfloat16>::value &&
-        std::any_of(versions.begin(), versions.end(), [](int v) { return version_sums_bias(v); })) {
-        const int N = int(s.rows()), W = 3 * s.C();
-        DeviceBuffer<T> dbias(W, "dbias");
-        cuda_check(cudaMemset(dbias.ptr, 0, dbias.n * sizeof(T)));
-        auto run = [&] { gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, W, 1, N, 1.0f, dqkv.ptr, W, blas_ones<T>(), N, 1.0f, dbias.ptr, W, 0); };
-        const float ms = time_median_ms(run, 10, 50);
-        printf("  %-8s %-6s %12.4f %10s  dbias as a separate pass (cuBLAS matrix-vector product over dqkv, %.0f GB/s)\n",
-               "dbias", dtype_name<T>(), ms, "", per * 3 * sizeof(T) / (ms * 1e-3) / 1e9);
     }
 }
 
@@ -497,7 +383,7 @@ int main(int argc, char** argv) {
     for (int v = 1; v <= kNumVersions; v++) all.push_back(v);
     const bool gpu = cuda_device_available();
     TestCounter tests;
-    if (gpu) blas_init(bench.rows());  // ones for the benchmark's separate dbias pass
+    if (gpu) blas_init(1);
     auto determinism = [&] {
         for (const AttnShape& s : {AttnShape{2, 3, 1000, 64}, AttnShape{1, 2, 77, 13}}) {
             char name[96];
