@@ -335,6 +335,248 @@ bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, in
 }
 
 // ---------------------------------------------------------------------------------------------
+// Forward, Hopper warpgroup MMA (wgmma; sm_90a), head size 64. A warpgroup (4 warps, 128 threads)
+// owns 64 consecutive queries; a block NWG warpgroups. Why: mma.sync moves every operand through
+// registers (ldmatrix, then the MMA reads them); wgmma reads K and V straight from shared memory and
+// runs asynchronously, fewer instructions and register-file traffic per product, which also matters
+// for energy (training runs at the H100's power cap, dev/cuda/README.md).
+//   - Shared tiles are 128-byte swizzled, the layout wgmma's descriptors describe: each 64-value
+//     (128-byte) row's 16-byte chunk c sits at chunk c ^ (row % 8), tiles 1024-byte aligned.
+//   - S = q k^T: A = q, B = k, both K-major (head dimension contiguous), m64nBCk16 x 4.
+//   - O += P v: A = P from registers (the score accumulator's layout is, per warp, mma.sync's: the
+//     same packing as the mma.sync kernel), B = v as stored, MN-major (its rows are k), m64n64k16 x
+//     BC / 16.
+//   - The softmax, masking, rounding and output are the mma.sync kernel's, row for row.
+// Every product is issued, committed and waited for at once: the overlap of one warpgroup's softmax
+// with another's products comes from several warpgroups per SM.
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASH_HAVE_WGMMA 1
+#endif
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets
+// (stride = between 8-row groups: 1024 bytes for rows of 128 bytes).
+__device__ __forceinline__ uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    return uint64_t((smem_u32(smem) & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |
+           (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Registers an in-flight wgmma writes (or reads): the compiler must not touch them before the wait.
+template <int N> __device__ __forceinline__ void keep_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
+// d (64 x 64, fp32) = A (64 x 16, shared, K-major) B^T (B: 64 x 16, shared, K-major) + (accumulate ? d : 0).
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// d (64 x 128, fp32) = A (64 x 16, shared, K-major) B^T (B: 128 x 16, shared, K-major) + (accumulate ? d : 0).
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// d (64 x 64, fp32) += A (64 x 16, bf16 in registers: each warp its 16 rows as mma.sync's A fragment)
+// B (16 x 64, shared, MN-major: each k's 64 values contiguous).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+
+// `rows` rows of 64 values into a 128-byte swizzled tile (1024-byte aligned); rows >= T zero-filled.
+template <int THREADS>
+__device__ __forceinline__ void load_rows_sw128_async(bf16* dst, const bf16* src, size_t stride, int row0, int rows, int T) {
+    for (int c = threadIdx.x; c < rows * 8; c += THREADS) {
+        const int r = c / 8, chunk = c % 8, t = row0 + r;
+        const bool valid = t < T;
+        cp_async16(dst + r * 64 + (chunk ^ (r & 7)) * 8, src + size_t(valid ? t : 0) * stride + chunk * 8, valid);
+    }
+}
+
+template <int NWG, int BC>
+__global__ void __launch_bounds__(NWG * 128)
+    forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
+#ifdef FLASH_HAVE_WGMMA
+    constexpr int HS = 64, BR = NWG * 64, THREADS = NWG * 128, NT = BC / 8;
+    static_assert(BC == 64 || BC == 128, "key tile");
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
+    bf16* sQ = reinterpret_cast<bf16*>(smem);  // BR x 64
+    bf16* sK = sQ + BR * HS;                   // 2 x BC x 64
+    bf16* sV = sK + 2 * BC * HS;               // 2 x BC x 64
+
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest blocks first
+    const int C = NH * HS, wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, c4 = lane % 4;
+    const size_t stride = 3 * size_t(C);
+    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
+    const bf16* k_src = q_src + C;
+    const bf16* v_src = q_src + 2 * C;
+    const int q0 = qb * BR, n_tiles = (min(q0 + BR, T) - 1) / BC + 1;
+    const int wg_row0 = q0 + wg * 64, wrow0 = q0 + warp * 16;  // this warpgroup's and this warp's first query
+    const float sl2 = scale * kLog2e;
+
+    load_rows_sw128_async<THREADS>(sQ, q_src, stride, q0, BR, T);
+    load_rows_sw128_async<THREADS>(sK, k_src, stride, 0, BC, T);
+    load_rows_sw128_async<THREADS>(sV, v_src, stride, 0, BC, T);
+    cp_async_commit();
+
+    const uint64_t q_desc = sw128_desc(sQ + wg * 64 * HS, 16, 1024);
+    float o[HS / 2];
+#pragma unroll
+    for (int i = 0; i < HS / 2; i++) o[i] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait_all();
+        fence_proxy_async_smem();
+        __syncthreads();  // tile j is in; every warpgroup is done with tile j - 1, whose buffers are refilled next
+        if (j + 1 < n_tiles) {
+            const int st = (j + 1) & 1;
+            load_rows_sw128_async<THREADS>(sK + st * BC * HS, k_src, stride, (j + 1) * BC, BC, T);
+            load_rows_sw128_async<THREADS>(sV + st * BC * HS, v_src, stride, (j + 1) * BC, BC, T);
+            cp_async_commit();
+        }
+        const int k0 = j * BC;
+        if (k0 > wg_row0 + 63) continue;  // every key of this tile is after every row of this warpgroup
+        const uint64_t k_desc = sw128_desc(sK + (j & 1) * BC * HS, 16, 1024);
+        const uint64_t v_desc = sw128_desc(sV + (j & 1) * BC * HS, BC * 128, 1024);
+
+        float s[BC / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {  // +32 bytes along the swizzled row per 16 values
+            if constexpr (BC == 128) wgmma_m64n128k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
+            else wgmma_m64n64k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        keep_regs(s);
+
+        // s[4 nt + e]: row g + 8 (e / 2) of this warp's 16, key k0 + 8 nt + 2 c4 + e % 2 (mma.sync's layout).
+        const bool mask = k0 + BC - 1 > wrow0;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = wrow0 + g + hf * 8;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& x = s[4 * nt + hf * 2 + e];
+                    if (mask && k0 + nt * 8 + 2 * c4 + e > row) x = -INFINITY;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[hf], mx * sl2);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
+            const float corr = exp2_ftz(m_run[hf] - m_use);
+            m_run[hf] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& x = s[4 * nt + hf * 2 + e];
+                    x = exp2_ftz(fmaf(x, sl2, -m_use));
+                    sum += x;
+                }
+            l_run[hf] = l_run[hf] * corr + sum;
+#pragma unroll
+            for (int dt = 0; dt < HS / 8; dt++) o[4 * dt + hf * 2] *= corr, o[4 * dt + hf * 2 + 1] *= corr;
+        }
+
+        uint32_t pa[BC / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_m64n64k16_rs_mn(o, pa[kk], v_desc + kk * (16 * 128 / 16));  // 16 rows of v
+        wgmma_commit();
+        wgmma_wait_all();
+        keep_regs(o);
+        keep_regs(pa);
+    }
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = wrow0 + g + hf * 8;
+        if (row >= T) continue;
+        const float inv = 1.0f / l;
+        bf16* dst = out + (size_t(b) * T + row) * C + h * HS + 2 * c4;
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++)
+            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                __floats2bfloat162_rn(o[4 * dt + hf * 2] * inv, o[4 * dt + hf * 2 + 1] * inv);
+        if (c4 == 0) lse[(size_t(b) * NH + h) * T + row] = (m_run[hf] + log2f(l)) * kLn2;
+    }
+#else
+    __trap();  // built without sm_90a: forward_wgmma never launches it (wgmma_available)
+#endif
+}
+
+// True when this process's GPU runs the wgmma kernels: compute capability 9.0 (the build makes
+// sm_90a code for it; other GPUs get other code and take the mma.sync kernels).
+inline bool wgmma_available() {
+    static int cc = -1;
+    if (cc < 0) {
+        int dev = 0, major = 0, minor = 0;
+        cuda_check(cudaGetDevice(&dev));
+        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        cc = major * 10 + minor;
+    }
+    return cc == 90;
+}
+
+// false where it does not run (HS != 64, or not an sm_90 GPU).
+template <int NWG, int BC>
+bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    if (HS != 64 || !wgmma_available()) return false;
+    constexpr int BR = NWG * 64;
+    const size_t smem = size_t(BR + 4 * BC) * 64 * sizeof(bf16) + 1024;  // + room to align to 1024
+    auto kernel = forward_wgmma_kernel<NWG, BC>;
+    static bool configured = false;
+    if (!configured) allow_smem(kernel, smem), configured = true;
+    const dim3 grid((T + BR - 1) / BR, NH, B);
+    kernel<<<grid, NWG * 128, smem, stream>>>(out, lse, qkv, T, NH, 1.0f / 8.0f);
+    cuda_check_launch();
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Backward, tensor cores.
 
 // D[b, h, t] = sum_d dout * out over the head's HS values. A group of LANES = HS / 8 lanes (rounded up

@@ -32,6 +32,11 @@
 //   8  as 5 with 8 warps (256-row blocks): each K/V tile loaded once for twice the queries.
 //   9  the header's flash_attention_forward: 5's configuration for head sizes 64 and 80, 4's for 128
 //      (where 5's doubled accumulators spill registers).
+//  10  Hopper warpgroup MMA (wgmma, sm_90a; flash_detail::forward_wgmma), head size 64: a warpgroup
+//      per 64 queries, q and k/v tiles 128-byte swizzled in shared memory and read by the tensor
+//      cores through descriptors (no ldmatrix), P from registers; key tiles of 64. Else version 9 runs.
+//  11  as 10 with key tiles of 128 (half the barriers and running-max updates per key).
+//  12  as 11 with 2 warpgroups per block (128 queries): each k/v tile loaded once for twice the queries.
 //
 // FLOPs: 4 * B * NH * T * T * HS / 2, the useful causal work (two matrix products of 2 * HS
 // multiply-adds per (query, key) pair, over the T^2 / 2 causal pairs). Every version is credited with
@@ -46,7 +51,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 9;
+constexpr int kNumVersions = 12;
 
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per query row.
@@ -123,7 +128,14 @@ const char* run_version(int version, T* out, float* lse, const T* qkv, const Att
             flash_attention_forward(outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!flash_attention_supported(HS)) return "plain path for this HS";
             break;
+        case 10: ran = flash_detail::forward_wgmma<1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 11: ran = flash_detail::forward_wgmma<1, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 12: ran = flash_detail::forward_wgmma<2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
+    }
+    if (!ran && version >= 10) {
+        flash_attention_forward(outb, lse, qkvb, B, T_, NH, HS, 0);
+        return "no wgmma path for this HS or GPU, ran v9";
     }
     if (!ran) {
         flash_detail::forward_plain(outb, lse, qkvb, B, T_, NH, HS, 0);
