@@ -33,8 +33,10 @@
 //     extra write and read of the causal dS. Without it the dq kernel recomputes q k^T, dO v^T and
 //     the softmax (7 products).
 //   - Configurations (measured in dev/cuda/attention_{forward,backward}.cu, H100, README there):
-//     forward 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1 for 128
-//     (2 tiles spill there); backward 4 warps x 16 rows per block, streamed tiles of 64, all HS.
+//     forward at HS 64 on compute capability 9.0: Hopper's warpgroup MMA (wgmma, forward_wgmma_kernel:
+//     64 queries per block, key tiles of 128 read by the tensor cores from swizzled shared memory);
+//     elsewhere mma.sync, 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1
+//     for 128 (2 tiles spill there); backward 4 warps x 16 rows per block, streamed tiles of 64, all HS.
 //     At B=64 NH=12 T=1024 HS=64 (H100): forward ~210 TFLOP/s, backward with dS stored ~172 (PyTorch
 //     SDPA flash in the same process: ~203, ~163).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
@@ -362,7 +364,8 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* smem, uint32_t lbo_by
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed groups of this warpgroup's products are still running.
+template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Registers an in-flight wgmma writes (or reads): the compiler must not touch them before the wait.
@@ -473,7 +476,7 @@ __global__ void __launch_bounds__(NWG * 128)
             else wgmma_m64n64k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
         }
         wgmma_commit();
-        wgmma_wait_all();
+        wgmma_wait<0>();
         keep_regs(s);
 
         // s[4 nt + e]: row g + 8 (e / 2) of this warp's 16, key k0 + 8 nt + 2 c4 + e % 2 (mma.sync's layout).
@@ -522,7 +525,7 @@ __global__ void __launch_bounds__(NWG * 128)
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) wgmma_m64n64k16_rs_mn(o, pa[kk], v_desc + kk * (16 * 128 / 16));  // 16 rows of v
         wgmma_commit();
-        wgmma_wait_all();
+        wgmma_wait<0>();
         keep_regs(o);
         keep_regs(pa);
     }
@@ -1074,6 +1077,178 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
     }
 }
 
+// dk, dv (and the dS tiles) with Hopper's warpgroup MMA, head size 64, dS stored: the key side of the
+// dS-storing backward (backward_dkdv_kernel<64, 4, 1, 64, ..., true>) with its four products on wgmma
+// (forward_wgmma_kernel says why). A warpgroup owns 64 keys; query tiles of 64 stream through
+// swizzled, double-buffered shared memory. Per tile: s^T = k q^T and dP^T = v dO^T (A = k, v; B = q, dO,
+// all K-major in shared memory; dP^T still runs while P^T is computed), then dv += P^T dO and dk += dS^T
+// q (A = P^T, dS^T from registers; B = dO, q as stored, MN-major). Each warp's accumulator rows are
+// its 16 keys in mma.sync's layout, so P^T, dS^T, their masking and the stored dS tiles are the
+// mma.sync kernel's, element for element.
+// MIN_BLOCKS 3 holds it to 168 registers (3 warpgroups per SM, 16 bytes of spill); 2 leaves it 170.
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(128, MIN_BLOCKS)
+    backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
+                               int T, int NH, float scale) {
+#ifdef FLASH_HAVE_WGMMA
+    constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 128, TILE = 64 * 64;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
+    bf16* sK = reinterpret_cast<bf16*>(smem);  // BK x 64
+    bf16* sV = sK + TILE;                      // BK x 64
+    bf16* sQ = sV + TILE;                      // 2 x BQ x 64
+    bf16* sO = sQ + 2 * TILE;                  // 2 x BQ x 64 (dO)
+    float* sL = reinterpret_cast<float*>(sO + 2 * TILE);  // 2 x BQ (lse)
+    float* sD = sL + 2 * BQ;                              // 2 x BQ (D)
+
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // early key blocks (most work) first
+    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
+    const size_t stride = 3 * size_t(C);
+    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
+    const bf16* k_src = q_src + C;
+    const bf16* v_src = q_src + 2 * C;
+    const bf16* o_src = dout + size_t(b) * T * C + h * HS;
+    const float* l_src = lse + (size_t(b) * NH + h) * T;
+    const float* d_src = Dsum + (size_t(b) * NH + h) * T;
+    const int kblk0 = kb * BK, wk0 = kblk0 + warp * 16;  // this warp's first key
+    const int qt0 = kb, n_qt = (T + BQ - 1) / BQ;
+    const float sl2 = scale * kLog2e;
+
+    auto load_query_tile = [&](int qt, int st) {
+        load_rows_sw128_async<THREADS>(sQ + st * TILE, q_src, stride, qt * BQ, BQ, T);
+        load_rows_sw128_async<THREADS>(sO + st * TILE, o_src, size_t(C), qt * BQ, BQ, T);
+        load_floats_async<THREADS>(sL + st * BQ, l_src, qt * BQ, BQ, T);
+        load_floats_async<THREADS>(sD + st * BQ, d_src, qt * BQ, BQ, T);
+    };
+    load_rows_sw128_async<THREADS>(sK, k_src, stride, kblk0, BK, T);
+    load_rows_sw128_async<THREADS>(sV, v_src, stride, kblk0, BK, T);
+    load_query_tile(qt0, 0);
+    cp_async_commit();
+
+    const uint64_t k_desc = sw128_desc(sK, 16, 1024), v_desc = sw128_desc(sV, 16, 1024);
+    float dk[HS / 2], dv[HS / 2];
+#pragma unroll
+    for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
+
+    for (int qt = qt0; qt < n_qt; qt++) {
+        cp_async_wait_all();
+        fence_proxy_async_smem();
+        __syncthreads();  // tile qt is in; the products of tile qt - 1 are done (waited for below)
+        const int st = (qt - qt0) & 1;
+        if (qt + 1 < n_qt) {
+            load_query_tile(qt + 1, st ^ 1);
+            cp_async_commit();
+        }
+        const int q0 = qt * BQ;
+        const uint64_t q_desc = sw128_desc(sQ + st * TILE, 16, 1024), o_desc = sw128_desc(sO + st * TILE, 16, 1024);
+        const uint64_t q_desc_mn = sw128_desc(sQ + st * TILE, BQ * 128, 1024), o_desc_mn = sw128_desc(sO + st * TILE, BQ * 128, 1024);
+        const float* cL = sL + st * BQ;
+        const float* cD = sD + st * BQ;
+
+        // s^T = k q^T, then dP^T = v dO^T (two groups: P^T is computed while the second runs)
+        float s[BQ / 2], dp[BQ / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) wgmma_m64n64k16_ss(s, k_desc + 2 * ks, q_desc + 2 * ks, ks);
+        wgmma_commit();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) wgmma_m64n64k16_ss(dp, v_desc + 2 * ks, o_desc + 2 * ks, ks);
+        wgmma_commit();
+        wgmma_wait<1>();
+        keep_regs(s);
+
+        // P^T from the saved lse; s[4 nt + e]: key wk0 + g + 8 (e / 2), query q0 + 8 nt + 2 c4 + e % 2.
+        // Masked: query before key, or past T.
+        const bool mask = q0 < wk0 + 15 || q0 + BQ > T;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + g + (e >> 1) * 8, query = q0 + qi;
+                float p = exp2_ftz(fmaf(s[4 * nt + e], sl2, -cL[qi] * kLog2e));
+                if (mask && (query < key || query >= T)) p = 0.0f;
+                s[4 * nt + e] = p;
+            }
+        // dv += P^T dO
+        uint32_t pa[BQ / 16][4], pb[BQ / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        wgmma_wait<0>();
+        keep_regs(dp);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dv, pa[kk], o_desc_mn + kk * (16 * 128 / 16));
+        wgmma_commit();
+
+        // dS^T = P^T * (dP^T - D), stored for the dq pass, then dk += dS^T q
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
+        uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
+            pb[kk][1] = pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
+            pb[kk][2] = pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
+            pb[kk][3] = pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
+            // pb[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
+            tile[(kk * (BK / 16) + warp) * 32 + lane] =
+                make_uint4(transpose8x8(pb[kk][0]), transpose8x8(pb[kk][2]), transpose8x8(pb[kk][1]), transpose8x8(pb[kk][3]));
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dk, pb[kk], q_desc_mn + kk * (16 * 128 / 16));
+        wgmma_commit();
+        wgmma_wait<0>();  // before the next barrier: the stage these read is refilled after it
+        keep_regs(dk);
+        keep_regs(dv);
+        keep_regs(pa);
+        keep_regs(pb);
+    }
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int key = wk0 + g + hf * 8;
+        if (key >= T) continue;
+        bf16* dst = dqkv + (size_t(b) * T + key) * stride + C + h * HS + 2 * c4;
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++) {
+            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                __floats2bfloat162_rn(dk[4 * dt + hf * 2] * scale, dk[4 * dt + hf * 2 + 1] * scale);
+            *reinterpret_cast<__nv_bfloat162*>(dst + C + dt * 8) = __floats2bfloat162_rn(dv[4 * dt + hf * 2], dv[4 * dt + hf * 2 + 1]);
+        }
+    }
+#else
+    __trap();  // built without sm_90a: backward_wgmma never launches it (wgmma_available)
+#endif
+}
+
+// The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
+// run (HS != 64, no room for dS, or not an sm_90 GPU).
+template <int MIN_BLOCKS>
+bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
+                           int B, int T, int NH, int HS, cudaStream_t stream) {
+    if (HS != 64 || !ds || !wgmma_available()) return false;
+    launch_backward_dot<64>(D, dout, out, B, T, NH, stream);
+    const float scale = 1.0f / 8.0f;
+    const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
+    static bool configured = false;
+    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
+    backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
+    cuda_check_launch();
+    const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
+    backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
+                                                                                                             scale);
+    cuda_check_launch();
+    return true;
+}
+
 // Bytes of dS tiles (kDsTile x kDsTile bf16, the causal ones) the dS-storing backward needs.
 inline size_t backward_ds_bytes(int B, int T, int NH) {
     const int n = (T + kDsTile - 1) / kDsTile;
@@ -1283,6 +1458,7 @@ inline void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_b
     check_shape(B, T, NH, HS);
     const bool fast = flash_attention_supported(HS) && is_aligned16(out) && is_aligned16(qkv);
     if (fast) {
+        if (forward_wgmma<1, 128>(out, lse, qkv, B, T, NH, HS, stream)) return;  // HS 64 on an H100/H200
         if (HS == 128) forward_tc<4, 1, 64>(out, lse, qkv, B, T, NH, HS, stream);  // 2 row tiles spill here
         else forward_tc<4, 2, 64>(out, lse, qkv, B, T, NH, HS, stream);
     } else {
@@ -1316,6 +1492,7 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
+        if (store_ds && backward_wgmma<2>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
                                         store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {

@@ -42,7 +42,13 @@
 //      the dq kernel only reads dS and multiplies by k: no second q k^T, dO v^T or softmax. 5 products
 //      instead of 7, for an extra write and read of the causal dS (0.86 GB at the benchmark shape).
 //   11 the header's flash_attention_backward (the configuration it picks per head size; given room for
-//      dS, as here, version 10).
+//      dS, as here: version 12 where it runs, else version 10).
+//   12 as 10 with the dk/dv kernel on Hopper's warpgroup MMA (wgmma, sm_90a; head size 64): a
+//      warpgroup per 64 keys, k/v and the streamed q/dO tiles 128-byte swizzled in shared memory and
+//      read by the tensor cores through descriptors (no ldmatrix), P^T and dS^T from registers; dP^T
+//      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
+//   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
+//      of spill).
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -57,7 +63,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 11;
+constexpr int kNumVersions = 13;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -194,6 +200,15 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
         case 11:
             flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr, sc.ds->n * sizeof(uint4));
             if (!flash_attention_supported(HS)) return "plain path for this HS";
+            break;
+        case 12:
+        case 13:
+            ran = version == 12 ? flash_detail::backward_wgmma<2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
+                                : flash_detail::backward_wgmma<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
+            if (!ran) {
+                ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
+                if (ran) return "no wgmma path for this HS or GPU, ran v10";
+            }
             break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }

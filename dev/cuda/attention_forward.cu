@@ -30,8 +30,9 @@
 //   7  as 5 with key tiles of 128 (FlashAttention-2's tiling for head size 64): half the barriers and
 //      running-max updates per key, twice the score registers.
 //   8  as 5 with 8 warps (256-row blocks): each K/V tile loaded once for twice the queries.
-//   9  the header's flash_attention_forward: 5's configuration for head sizes 64 and 80, 4's for 128
-//      (where 5's doubled accumulators spill registers).
+//   9  the header's flash_attention_forward: 11 where it runs (head size 64 on compute capability
+//      9.0), else 5's configuration for head sizes 64 and 80, 4's for 128 (where 5's doubled
+//      accumulators spill registers).
 //  10  Hopper warpgroup MMA (wgmma, sm_90a; flash_detail::forward_wgmma), head size 64: a warpgroup
 //      per 64 queries, q and k/v tiles 128-byte swizzled in shared memory and read by the tensor
 //      cores through descriptors (no ldmatrix), P from registers; key tiles of 64. Else version 9 runs.
