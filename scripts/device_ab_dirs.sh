@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A/B of training throughput between source trees exported into folders (git archive REV | tar -x -C
+# DIR), in one device call, when the device's copy of the repository may not hold the commits:
+# builds train_gpt_bf16 in each of DIRS and runs them in turn, ROUNDS rounds of STEPS steps at B
+# (d12, bf16, T=1024), then a -pf 1 breakdown of each. Data: prepared once in the first folder
+# (GPT_MIRROR), linked into the others. Logs in $OUT/abd/.
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+OUT=${OUT:-out}
+log=$OUT/abd
+mkdir -p "$log"
+DIRS=${DIRS:?DIRS: folders with the source trees to compare}
+ROUNDS=${ROUNDS:-2}
+STEPS=${STEPS:-20}
+B=${B:-64}
+first=
+for d in $DIRS; do
+    n=$(basename "$d")
+    make -C "$d" -j16 train_gpt_bf16 > "$log/build_$n.log" 2>&1 || { tail -n 20 "$log/build_$n.log"; exit 1; }
+    if [[ -z $first ]]; then
+        first=$d
+        [[ -f $d/data/tinyshakespeare/tiny_shakespeare_train.bin ]] ||
+            (cd "$d" && python3 data/prepare_tinyshakespeare.py > "$log/data.log" 2>&1) || { tail -n 5 "$log/data.log"; exit 1; }
+    else
+        mkdir -p "$d/data" && ln -sfn "$(cd "$first" && pwd)/data/tinyshakespeare" "$d/data/tinyshakespeare"
+        ln -sfn "$(cd "$first" && pwd)/data/gpt2_tokenizer.bin" "$d/data/gpt2_tokenizer.bin"
+    fi
+done
+for r in $(seq "$ROUNDS"); do
+    for d in $DIRS; do
+        n=$(basename "$d")
+        (cd "$d" && ./train_gpt_bf16 -b "$B" -x "$STEPS" -v 0 -s 0) > "$log/${n}_$r.log" 2>&1
+        echo "$n round $r (rc $?): $(grep -oE 'final train loss [0-9.]+|median step .* tok/s' "$log/${n}_$r.log" | tr '\n' ' ')"
+    done
+done
+for d in $DIRS; do
+    n=$(basename "$d")
+    echo "$n: median of medians $(grep -ohE 'median step [0-9.]+ ms' "$log/${n}"_[0-9]*.log | awk '{print $3}' | sort -n |
+        awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; printf "%.1f ms = %.0f tok/s", m, '"$B"' * 1024 / (m / 1000)}')"
+done
+for d in $DIRS; do
+    n=$(basename "$d")
+    (cd "$d" && ./train_gpt_bf16 -b "$B" -x 12 -v 0 -s 0 -pf 1) > "$log/${n}_pf.log" 2>&1
+    echo "breakdown $n: $(grep -E '^done' "$log/${n}_pf.log")"
+    sed -n '/^GPU time per step/,$p' "$log/${n}_pf.log" | grep -vE ' 0\.0[0-9]+ ms'
+done
