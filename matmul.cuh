@@ -2,6 +2,7 @@
 //
 //   matmul_forward   out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
 //                    with pre_gelu: pre_gelu (N, OC) = that, out = gelu(pre_gelu)   (GELU fused)
+//                    with residual (N, OC): out = that + residual                   (residual add fused)
 //   matmul_backward  dinp (N, C) = dout (N, OC) @ weight            (overwritten)
 //                    with pre_gelu (N, C): dinp = (dout @ weight) * gelu'(pre_gelu)   (GELU backward fused)
 //                    dweight (OC, C) += dout^T @ inp                  (accumulated)
@@ -26,6 +27,19 @@
 //     nothing in determinism. cuBLASLt's bias-gradient epilogues (BGRADB on dweight's GEMM,
 //     DGELU_BGRAD on fcproj's dinp) exist for our layouts but ran slower than the GEMM plus the
 //     matrix-vector dbias (lab, H100), so they are not used.
+//   - Residual fusion (attproj and fcproj in train_gpt): the residual stream's add rides in the GEMM
+//     as cuBLASLt's C operand (D = A B + bias + beta C, beta = 1, C laid out as D), so the training
+//     step writes residual2 / residual3 straight from the GEMM and the next LayerNorm is the plain
+//     one (reads 1 tensor, writes 1) instead of the fused residual + LayerNorm (reads 2, writes 2):
+//     one (N, C) pass less per LayerNorm, 24 a step at d12, for the GEMM's read of C in its epilogue.
+//     Numerics: the sum is fp32 (accumulator + bias + residual; the order of those two adds inside
+//     the epilogue is cuBLASLt's, undocumented) rounded once to T, where block_out used to be rounded
+//     to T and then added in the LayerNorm kernel and rounded again. The plain path copies the
+//     residual into out and runs the GEMM with beta = 1, then the bias kernel: fp32 accumulator +
+//     residual rounded to T, then + bias rounded again (as its bias always was). out must not
+//     overlap the residual: the first call's tuning reruns the matmul, which is idempotent only
+//     while C and D are apart (in place, each run would add C again). GELU fusion and a residual in
+//     one call are not supported (fail()): no layer of GPT-2 needs both.
 //   - GELU fusion (train_gpt -ge): the MLP's fc matmul writes gelu(x W^T + b) as its output and the
 //     pre-activation as cuBLASLt's auxiliary output (CUBLASLT_EPILOGUE_GELU_AUX_BIAS), and the
 //     fcproj backward's dinp matmul multiplies by gelu'(pre-activation) read from the auxiliary input
@@ -224,14 +238,15 @@ inline int pointer_alignment(const void* p) {
     return align;
 }
 
-// What the cuBLASLt epilogue does after D = op(A) B:
+// What the cuBLASLt epilogue does after D = op(A) B (+ C, where the call gives a residual C):
 //   plain: nothing; bias: D += bias (per row of the column-major D);
 //   gelu:  aux = D (+ bias), D = gelu(aux)   (GELU_AUX / GELU_AUX_BIAS: aux keeps the pre-activation);
 //   dgelu: D *= gelu'(aux)                   (aux: the forward's pre-activation, an input).
 enum class MatmulEpilogue { plain, bias, gelu, dgelu };
 
-// A cuBLASLt plan for one shape, epilogue and set of alignments: descriptors and the algorithm, made
-// once (the heuristic query costs tens of microseconds of CPU, every layer of every step otherwise).
+// A cuBLASLt plan for one shape, epilogue, residual or not and set of alignments: descriptors and the
+// algorithm, made once (the heuristic query costs tens of microseconds of CPU, every layer of every
+// step otherwise). With a residual, C shares D's layout descriptor.
 // has_algo = false: this case takes the plain cuBLAS path. tuned: the algorithm was chosen by timing.
 struct MatmulPlan {
     bool made = false, tuned = false;
@@ -242,15 +257,17 @@ struct MatmulPlan {
     std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's list, first choice first (until tuned)
 };
 
-// Column-major D (m, n) = op(A) B, op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
-// B stored (k, n), ld k; D and aux stored (m, n), ld m.
+// Column-major D (m, n) = op(A) B (+ C), op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
+// B stored (k, n), ld k; C (optional), D and aux stored (m, n), ld m.
 template <typename T>
 MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const void* A, const void* B,
-                        const void* D, const void* bias, const void* aux) {
+                        const void* D, const void* bias, const void* aux, const void* C) {
     const int align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
     const int align_bias = bias ? pointer_alignment(bias) : 0, align_aux = aux ? pointer_alignment(aux) : 0;
-    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
-    MatmulPlan& plan = plans[std::make_tuple((int)ta, m, n, k, (int)ep, align_a, align_b, align_d, align_bias, align_aux)];
+    const int align_c = C ? pointer_alignment(C) : 0;  // 0: no residual, its own plan (beta = 0)
+    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
+    MatmulPlan& plan = plans[std::make_tuple((int)ta, m, n, k, (int)ep, align_a, align_b, align_d, align_bias, align_aux,
+                                             align_c)];
     if (plan.made) return plan;
     plan.made = true;
     const bool uses_aux = ep == MatmulEpilogue::gelu || ep == MatmulEpilogue::dgelu;
@@ -286,7 +303,7 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogu
     cublas_check(cublasLtMatmulPreferenceCreate(&pref));
     cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
                                                       sizeof(b.workspace_bytes)));
-    const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_d, (uint32_t)align_d};
+    const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)(C ? align_c : align_d), (uint32_t)align_d};
     const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -340,8 +357,9 @@ template <typename T> unsigned long long hash_bits(const T* x, size_t n, cudaStr
 }
 
 // run(algo) enqueues the plan's matmul with that algorithm and returns false if cuBLASLt refuses it.
-// D (m x n) and, for the gelu epilogue, aux are written by every run (beta = 0, so runs are idempotent);
-// the last run is the kept algorithm's, so they leave as a plain call would.
+// D (m x n) and, for the gelu epilogue, aux are written by every run (beta = 0, or beta = 1 with a
+// residual C apart from D, so runs are idempotent and each candidate is compared with the residual
+// in place); the last run is the kept algorithm's, so they leave as a plain call would.
 template <typename T, typename Run>
 void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t elements, cudaStream_t stream) {
     plan.tuned = true;
@@ -375,19 +393,21 @@ void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t
     if (best != 0) blas().tuned_changed++;
 }
 
-// D = op(A) B with the epilogue, through cuBLASLt (beta = 0: D is overwritten). False when cuBLASLt
-// has no algorithm for this case or refuses it (then never tried again): the caller takes the plain path.
+// D = op(A) B (+ C) with the epilogue, through cuBLASLt (beta = 0 without C: D is overwritten; beta = 1
+// with C, which must not overlap D). False when cuBLASLt has no algorithm for this case or refuses it
+// (then never tried again): the caller takes the plain path.
 template <typename T>
 bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const T* A, const T* B, T* D,
-               const T* bias, const T* aux, cudaStream_t stream) {
+               const T* bias, const T* aux, cudaStream_t stream, const T* C = nullptr) {
     BlasContext& b = blas();
-    MatmulPlan& plan = matmul_plan<T>(ta, m, n, k, ep, A, B, D, bias, aux);
+    MatmulPlan& plan = matmul_plan<T>(ta, m, n, k, ep, A, B, D, bias, aux, C);
     if (!plan.has_algo) return false;
     if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (aux) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = C ? 1.0f : 0.0f;
+    const T* c_in = C ? C : D;  // beta = 0: cuBLASLt does not read C
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-        const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D,
+        const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, c_in, plan.d, D,
                                                      plan.d, &algo, b.workspace, b.workspace_bytes, stream);
         if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
         return status == CUBLAS_STATUS_SUCCESS;
@@ -400,21 +420,28 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
 }
 
 // pre_gelu (optional, (N, OC)): fuse GELU; it receives the pre-activation, out the GELU of it.
+// residual (optional, (N, OC), laid out as out, not overlapping it): out = inp weight^T + bias + residual.
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, T* pre_gelu = nullptr,
-                    cudaStream_t stream = 0) {
+                    cudaStream_t stream = 0, const T* residual = nullptr) {
     BlasContext& b = blas();
+    const size_t count = size_t(N) * OC;
+    if (residual && pre_gelu) fail("matmul_forward: a residual and GELU fusion in one call are not supported");
+    if (residual && reinterpret_cast<uintptr_t>(out) < reinterpret_cast<uintptr_t>(residual + count) &&
+        reinterpret_cast<uintptr_t>(residual) < reinterpret_cast<uintptr_t>(out + count))
+        fail("matmul_forward: out overlaps residual (the residual add needs them apart)");
     const MatmulEpilogue ep = pre_gelu ? MatmulEpilogue::gelu : bias ? MatmulEpilogue::bias : MatmulEpilogue::plain;
-    const bool fused = matmul_lt<T>(CUBLAS_OP_T, OC, N, C, ep, weight, inp, out, bias, pre_gelu, stream);
+    const bool fused = matmul_lt<T>(CUBLAS_OP_T, OC, N, C, ep, weight, inp, out, bias, pre_gelu, stream, residual);
     if (pre_gelu) (fused ? b.gelu_fused : b.gelu_unfused)++;
     if (fused) return;
     T* pre = pre_gelu ? pre_gelu : out;
-    gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, pre, OC, stream);
+    if (residual) cuda_check(cudaMemcpyAsync(out, residual, count * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+    gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, residual ? 1.0f : 0.0f, pre, OC, stream);
     if (bias) {
         add_bias_kernel<T><<<1024, 256, 0, stream>>>(pre, bias, size_t(N), OC);
         cuda_check_launch();
     }
-    if (pre_gelu) gelu_forward(out, pre_gelu, size_t(N) * OC, stream);
+    if (pre_gelu) gelu_forward(out, pre_gelu, count, stream);
 }
 
 // dinp may be null (not needed), dbias may be null (no bias). pre_gelu (optional, (N, C)): the

@@ -239,16 +239,15 @@ struct ActivationTensors {
     floatX* qkv;        // (L, B, T, 3C)
     floatX* atty;       // (L, B, T, C)  attention output before the projection
     floatX* att;        // (L, B, NH, T, T) softmax probabilities (cuBLAS attention only; flash keeps attn_lse)
-    floatX* residual2;  // (L, B, T, C)  residual after attention
+    floatX* residual2;  // (L, B, T, C)  residual after attention: x + attproj, written by attproj's matmul
     floatX* ln2;        // (L, B, T, C)
     floatX* fch;        // (L, B, T, 4C) MLP hidden, before GELU
     floatX* fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per layer
-    floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer
+    floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer, written by fcproj's matmul
     floatX* lnf;        // (B, T, C)
     floatX* logits;     // (min(B T, kLogitsChunkRows), Vp): one chunk of rows' logits at a time, overwritten by
                         //               dlogits when the forward is given a dloss; dead after the LM head's
                         //               backward, so the attention backward borrows it (GPT::flash_ds)
-    floatX* block_out;  // (B, T, C)     scratch: attention / MLP projection output before the residual add
     floatX* qkvr;       // (3, B, NH, T, HS) scratch: q, k, v per head
     floatX* yr;         // (B, NH, T, HS) scratch: attention output per head (dy per head in the backward)
     // backward scratch
@@ -286,7 +285,7 @@ inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool 
     const size_t LG = recompute ? 1 : L;  // layers of fch_gelu kept
     const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * C,     L * BT * 3 * C, L * BT * C,     L * B * NH * TT,
                                        L * BT * C, L * BT * C,     L * BT * 4 * C, LG * BT * 4 * C, L * BT * C,
-                                       BT * C,     logits_rows(BT) * c.Vp, BT * C, heads * 3 * BT * C, heads * BT * C,
+                                       BT * C,     logits_rows(BT) * c.Vp, heads * 3 * BT * C, heads * BT * C,
                                        BT * C,     BT * C,         BT * 4 * C,     heads * 3 * BT * C, size_t(B) * NH * TT};
     const size_t s[NUM_STAT_TENSORS] = {L * BT, L * BT, L * BT, L * BT, BT, BT, BT, flash ? L * NH * BT : 0};
     std::copy(a, a + NUM_ACT_TENSORS, act);
@@ -599,11 +598,13 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         if (m.flash) flash_attention_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
 #endif
         if (!m.flash) attention_forward(atty, att, a.qkvr, a.yr, qkv, B, T, C, NH);
+        // The residual adds ride in the projections' epilogues (residual2 = x + atty attprojw^T + attprojb,
+        // matmul.cuh), so each LayerNorm after them reads one tensor, not two.
         prof.mark("fwd.matmul");
-        matmul_forward(a.block_out, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C);
+        matmul_forward(residual2, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C,
+                       (floatX*)nullptr, 0, x);
         prof.mark("fwd.layernorm");
-        fused_residual_layernorm_forward(residual2, ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, x, a.block_out,
-                                         p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
         prof.mark("fwd.matmul");
         if (m.gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
             matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, fch);
@@ -612,17 +613,15 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
             prof.mark("fwd.gelu");
             gelu_forward(fch_gelu, fch, 4 * btc);
         }
-        prof.mark("fwd.matmul");
-        matmul_forward(a.block_out, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C);
-        prof.mark("fwd.layernorm");
-        // The residual add is fused with the next LayerNorm: ln_1 of the next layer, or ln_f.
+        prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
+        matmul_forward(residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C,
+                       (floatX*)nullptr, 0, residual2);
+        prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
-            fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * btc, s.ln1_mean + (l + 1) * BT,
-                                             s.ln1_rstd + (l + 1) * BT, residual2, a.block_out, p.ln1w + (l + 1) * C,
-                                             p.ln1b + (l + 1) * C, BT, C);
+            layernorm_forward(a.ln1 + (l + 1) * btc, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
+                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C);
         else
-            fused_residual_layernorm_forward(residual3, a.lnf, s.lnf_mean, s.lnf_rstd, residual2, a.block_out, p.lnfw,
-                                             p.lnfb, BT, C);
+            layernorm_forward(a.lnf, s.lnf_mean, s.lnf_rstd, residual3, p.lnfw, p.lnfb, BT, C);
     }
     if (!targets && size_t(BT) > kLogitsChunkRows)
         fail("gpt_forward: logits without targets are kept for at most %zu rows, asked for %d", kLogitsChunkRows, BT);

@@ -7,15 +7,16 @@
 //   ./dev/cuda/matmul --check    validation only (what CI runs; skips without a GPU)
 //   ./dev/cuda/matmul -h         the usage (--rows, --algos)
 //
-// The layer is out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias, and its backward
+// The layer is out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (+ residual (N, OC) for attproj and
+// fcproj, whose outputs are the residual stream), and its backward
 //   dinp (N, C) = dout (N, OC) @ weight          (times gelu'(pre) for the fcproj layer)
 //   dweight (OC, C) += dout^T @ inp,  dbias (OC) += column sums of dout.
 //
 // Versions (every one validated against a double-precision CPU reference):
 //   1  plain cuBLAS (cublasGemmEx) and separate kernels for bias, GELU and its backward, dbias a
-//     matrix-vector product with a vector of ones: matmul.cuh's fallback path, taken for shapes
-//     cuBLASLt has no algorithm for.
-//   2  the header as training calls it (matmul_forward, matmul_backward).
+//     matrix-vector product with a vector of ones, the residual copied into out before a beta = 1
+//     GEMM: matmul.cuh's fallback path, taken for shapes cuBLASLt has no algorithm for.
+//   2  the header as training calls it (matmul_forward, matmul_backward; the residual as cuBLASLt's C).
 //   3  every algorithm cuBLASLt's heuristic offers for the shape (up to --algos of them, in its order),
 //     each run on its own: how much the heuristic's first choice leaves on the table, and whether
 //     the faster ones give the same bits (determinism).
@@ -23,6 +24,8 @@
 // Benchmark: the GEMMs of one GPT-2 124M step at N = B*T rows, timed alone (median of 20 runs after
 // 3 warm-ups; every operand larger than L2 except the weights), in TFLOP/s (2 N C OC per GEMM) next
 // to an 8192^3 GEMM measured in the same run (the rate this GPU's cuBLAS reaches on an easy shape).
+// attproj and fcproj also time their forward with the residual in the epilogue (fwd+res), as
+// training runs them: the difference is what reading C costs the GEMM.
 
 #include <cstring>
 #include <string>
@@ -49,6 +52,7 @@ struct LtProblem {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     float beta = 0.0f;
     const void *A = nullptr, *B = nullptr, *bias = nullptr, *aux = nullptr;
+    const void* C = nullptr;  // with beta != 0: C, laid out as D (null: C is D, in place)
     void* D = nullptr;
     void* bgrad = nullptr;  // a bias-gradient epilogue's output (BGRADB, DGELU_BGRAD), written
     bool bgrad_fp32 = false;  // as fp32 (else the storage type)
@@ -105,8 +109,8 @@ template <typename T> void lt_setup(LtSetup& s, const LtProblem& p, int max_algo
 // False when cuBLASLt refuses this algorithm at run time (it may, for some it listed).
 inline bool lt_run(const LtSetup& s, const LtProblem& p, int i) {
     const float alpha = 1.0f;
-    const cublasStatus_t st = cublasLtMatmul(blas().lt, s.desc, &alpha, p.A, s.a, p.B, s.b, &p.beta, p.D, s.d, p.D, s.d,
-                                             &s.algos[i].algo, blas().workspace, blas().workspace_bytes, 0);
+    const cublasStatus_t st = cublasLtMatmul(blas().lt, s.desc, &alpha, p.A, s.a, p.B, s.b, &p.beta, p.C ? p.C : p.D, s.d,
+                                             p.D, s.d, &s.algos[i].algo, blas().workspace, blas().workspace_bytes, 0);
     if (st == CUBLAS_STATUS_SUCCESS) return true;
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(st);
     return false;
@@ -144,6 +148,9 @@ inline std::string algo_name(const cublasLtMatmulAlgo_t& algo) {
 //   - cuBLASLt evaluates GELU and GELU' in its epilogues with a fast tanh (NVIDIA documents no
 //     accuracy; we measured gelu' off by ~1e-4 absolute): the epilogue paths get 2^-10 |x| (GELU)
 //     and 2^-10 |dout @ W| (GELU') more. The unfused kernels use tanhf.
+//   - The residual forward (out = inp W^T + bias + r) adds one more term: |r| joins the sum of
+//     magnitudes (atol: one more fp32 addition) and `inner`, |s| + |r|, since the plain path rounds
+//     s + r to T before it adds the bias (the epilogue rounds the whole fp32 sum once).
 
 struct Shape {
     int N, C, OC;
@@ -164,7 +171,7 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
         return;
     }
     std::vector<T> inp(size_t(N) * C), weight(size_t(OC) * C), bias(OC), dout(size_t(N) * OC), pre(size_t(N) * C),
-        dweight0(size_t(OC) * C), dbias0(OC);
+        dweight0(size_t(OC) * C), dbias0(OC), residual(size_t(N) * OC);
     fill_uniform(inp, -1.0f, 1.0f, rng);
     fill_uniform(weight, -0.5f, 0.5f, rng);
     fill_uniform(bias, -1.0f, 1.0f, rng);
@@ -172,11 +179,14 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
     fill_uniform(pre, -4.0f, 4.0f, rng);  // the forward pre-activation for the dgelu backward (tails included)
     fill_uniform(dweight0, -1.0f, 1.0f, rng);
     fill_uniform(dbias0, -1.0f, 1.0f, rng);
+    fill_uniform(residual, -2.0f, 2.0f, rng);  // drawn last: the other inputs stay those of the runs before it
 
-    // Reference. Forward: y = inp W^T + b (and gelu(y) for with_gelu). Backward: dinp = dout W
-    // (times gelu'(pre) for with_gelu), dweight = dweight0 + dout^T inp, dbias = dbias0 + colsum(dout).
+    // Reference. Forward: y = inp W^T + b (and gelu(y) for with_gelu; yr = y + residual without).
+    // Backward: dinp = dout W (times gelu'(pre) for with_gelu), dweight = dweight0 + dout^T inp,
+    // dbias = dbias0 + colsum(dout).
     const double rtol = rtol_for<T>(), epilogue_gelu = std::ldexp(1.0, -10);
-    std::vector<double> y(size_t(N) * OC), y_tol(size_t(N) * OC), g(size_t(N) * OC), g_tol(size_t(N) * OC);
+    std::vector<double> y(size_t(N) * OC), y_tol(size_t(N) * OC), g(size_t(N) * OC), g_tol(size_t(N) * OC),
+        yr(size_t(N) * OC), yr_tol(size_t(N) * OC);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             double s = 0.0, mag = 0.0;
@@ -187,6 +197,8 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
             const size_t i = size_t(n) * OC + o;
             const double x = s + to_double(bias[o]);
             y[i] = x, y_tol[i] = accumulation_atol(C, mag) + rtol * std::fabs(s);
+            const double r = to_double(residual[i]);
+            yr[i] = x + r, yr_tol[i] = accumulation_atol(C, mag + std::fabs(r)) + rtol * (std::fabs(s) + std::fabs(r));
             // GELU of a pre-activation off by up to y_tol + rtol |x| (the unfused path's rounding): |gelu'| <= 1.13.
             g[i] = gelu_ref(x), g_tol[i] = 1.13 * (y_tol[i] + rtol * std::fabs(x)) + epilogue_gelu * std::fabs(x);
         }
@@ -222,8 +234,8 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
     // Buffers, outputs poisoned with NaN before every run.
     DeviceBuffer<T> d_inp(inp.size(), "inp"), d_w(weight.size(), "weight"), d_b(bias.size(), "bias"),
         d_dout(dout.size(), "dout"), d_pre(pre.size(), "pre"), d_out(size_t(N) * OC, "out"), d_aux(size_t(N) * OC, "aux"),
-        d_dinp(size_t(N) * C, "dinp"), d_dw(dweight0.size(), "dweight"), d_db(OC, "dbias");
-    d_inp.upload(inp), d_w.upload(weight), d_b.upload(bias), d_dout.upload(dout), d_pre.upload(pre);
+        d_dinp(size_t(N) * C, "dinp"), d_dw(dweight0.size(), "dweight"), d_db(OC, "dbias"), d_res(residual.size(), "residual");
+    d_inp.upload(inp), d_w.upload(weight), d_b.upload(bias), d_dout.upload(dout), d_pre.upload(pre), d_res.upload(residual);
 
     // counted = false: printed, not counted (a version-3 candidate the tuner would never keep).
     auto check_vec = [&](const char* label, int version, const std::vector<T>& got, const std::vector<double>& ref,
@@ -263,6 +275,22 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
             check_vec("fwd gelu", version, d_out.download(), g, g_tol);
         } else {
             check_vec("fwd", version, d_out.download(), y, y_tol);
+            // With the residual (attproj, fcproj in training; never with GELU).
+            d_out.poison();
+            if (version == 1) {
+                cuda_check(cudaMemcpy(d_out.ptr, d_res.ptr, d_res.n * sizeof(T), cudaMemcpyDeviceToDevice));
+                gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, d_w.ptr, C, d_inp.ptr, C, 1.0f, d_out.ptr, OC, 0);
+                add_bias_kernel<T><<<64, 256>>>(d_out.ptr, d_b.ptr, size_t(N), OC);
+                cuda_check_launch();
+            } else {
+                matmul_forward(d_out.ptr, d_inp.ptr, d_w.ptr, d_b.ptr, N, C, OC, (T*)nullptr, 0, d_res.ptr);
+            }
+            cuda_check(cudaDeviceSynchronize());
+            check_vec("fwd+res", version, d_out.download(), yr, yr_tol);
+            const std::vector<T> res_after = d_res.download();  // the residual is an input: left as it was
+            const bool res_kept = std::memcmp(res_after.data(), residual.data(), residual.size() * sizeof(T)) == 0;
+            printf("  v%d %-8s %-34s %s\n", version, "residual", what, res_kept ? "ok   unchanged" : "FAIL changed");
+            tests.record(res_kept);
         }
         // Backward (with GELU: dinp times gelu'(pre)), from non-zero dweight / dbias (the += contract).
         d_dinp.poison();
@@ -283,8 +311,9 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
         check_vec("dbias", version, d_db.download(), db, db_tol);
     }
 
-    // Version 3: every algorithm the heuristic offers for the forward and the two backward GEMMs, at
-    // the shapes the header sends to cuBLASLt (every dimension a whole number of 16-byte vectors).
+    // Version 3: every algorithm the heuristic offers for the forward (with and without the residual)
+    // and the two backward GEMMs, at the shapes the header sends to cuBLASLt (every dimension a whole
+    // number of 16-byte vectors).
     if (sizeof(T) != 2) return;  // training's matmuls that matter are bf16; fp32 runs the header's choice
     if (C % 8 != 0 || OC % 8 != 0) return;
     struct Case {
@@ -300,6 +329,9 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
     fwd.ta = CUBLAS_OP_T, fwd.m = OC, fwd.n = N, fwd.k = C, fwd.A = d_w.ptr, fwd.B = d_inp.ptr, fwd.D = d_out.ptr;
     fwd.epilogue = CUBLASLT_EPILOGUE_BIAS, fwd.bias = d_b.ptr;
     if (!with_gelu) cases.push_back({"fwd", fwd, &y, &y_tol, &d_out, nullptr});
+    LtProblem fwd_res = fwd;
+    fwd_res.beta = 1.0f, fwd_res.C = d_res.ptr;
+    if (!with_gelu) cases.push_back({"fwd+res", fwd_res, &yr, &yr_tol, &d_out, nullptr});
     LtProblem dx;
     dx.m = C, dx.n = N, dx.k = OC, dx.A = d_w.ptr, dx.B = d_dout.ptr, dx.D = d_dinp.ptr;
     if (with_gelu && C % 8 == 0) dx.epilogue = CUBLASLT_EPILOGUE_DGELU, dx.aux = d_pre.ptr;
@@ -351,27 +383,28 @@ using bf16 = __nv_bfloat16;
 struct Layer {
     const char* name;
     int C, OC;
-    bool bias, gelu_fwd, dgelu_bwd;
+    bool bias, gelu_fwd, dgelu_bwd, residual;  // residual: training adds the residual stream in its forward
 };
 
 void benchmark(int N, int max_algos) {
     const int C = 768, Vp = 50304;
-    const Layer layers[] = {{"qkv", C, 3 * C, true, false, false},
-                            {"attproj", C, C, true, false, false},
-                            {"fc", C, 4 * C, true, true, false},
-                            {"fcproj", 4 * C, C, true, false, true},
-                            {"lmhead", C, Vp, false, false, false}};
+    const Layer layers[] = {{"qkv", C, 3 * C, true, false, false, false},
+                            {"attproj", C, C, true, false, false, true},
+                            {"fc", C, 4 * C, true, true, false, false},
+                            {"fcproj", 4 * C, C, true, false, true, true},
+                            {"lmhead", C, Vp, false, false, false, false}};
     // One set of buffers big enough for every layer.
     const size_t max_in = size_t(N) * 4 * C, max_out = size_t(N) * Vp;
     DeviceBuffer<bf16> inp(max_in, "inp"), dout(max_out, "dout"), out(max_out, "out"),
         aux(size_t(N) * 4 * C, "aux"), w(size_t(Vp) * C, "weight"), dw(size_t(Vp) * C, "dweight"),
-        dw_init(size_t(Vp) * C, "dweight init"), b(Vp, "bias"), db(Vp, "dbias");
+        dw_init(size_t(Vp) * C, "dweight init"), b(Vp, "bias"), db(Vp, "dbias"), res(size_t(N) * C, "residual");
     DeviceBuffer<float> bgrad(Vp, "bias gradient fp32");
     {
         Rng rng(7);
         std::vector<bf16> h(max_in);
         fill_uniform(h, -1.0f, 1.0f, rng);
         inp.upload(h);
+        res.upload(std::vector<bf16>(h.begin(), h.begin() + res.n));
         h.assign(max_out, from_float<bf16>(0.0f));
         fill_uniform(h, -0.01f, 0.01f, rng);
         dout.upload(h);
@@ -401,7 +434,7 @@ void benchmark(int N, int max_algos) {
     }
     printf("\nmatmul benchmark, bf16, N = %d rows (median of 20 runs after 3 warm-ups), TFLOP/s and %% of the 8192^3 rate\n", N);
     printf("%-8s %-8s %-26s %9s %8s %s\n", "layer", "GEMM", "version", "ms", "TFLOP/s", "");
-    double total_header = 0.0, total_best = 0.0;
+    double total_header = 0.0, total_best = 0.0, total_residual = 0.0;
     auto report = [&](const char* layer, const char* gemm_name, const std::string& version, float ms, double flops, const char* extra) {
         const double tf = flops / (ms * 1e-3) / 1e12;
         printf("%-8s %-8s %-26s %9.4f %8.1f %5.1f%% %s\n", layer, gemm_name, version.c_str(), ms, tf, 100.0 * tf / peak_tflops, extra);
@@ -412,6 +445,15 @@ void benchmark(int N, int max_algos) {
         // Header.
         const float f_ms = time_median_ms([&] { matmul_forward(out.ptr, inp.ptr, w.ptr, bias, N, L.C, L.OC, L.gelu_fwd ? aux.ptr : nullptr); }, 3, 20);
         report(L.name, "fwd", "2 header", f_ms, flops, "");
+        if (L.residual) {
+            const float r_ms = time_median_ms([&] {
+                matmul_forward(out.ptr, inp.ptr, w.ptr, bias, N, L.C, L.OC, (bf16*)nullptr, 0, res.ptr);
+            }, 3, 20);
+            char extra[80];
+            snprintf(extra, sizeof(extra), "residual in the epilogue: %+.4f ms", r_ms - f_ms);
+            report(L.name, "fwd+res", "2 header", r_ms, flops, extra);
+            total_residual += 12.0 * (r_ms - f_ms);
+        }
         const float x_ms = time_median_ms([&] {  // matmul_backward's dinp (tuned on its first call, in the warm-up)
             matmul_lt<bf16>(CUBLAS_OP_N, L.C, N, L.OC, L.dgelu_bwd ? MatmulEpilogue::dgelu : MatmulEpilogue::plain, w.ptr,
                             dout.ptr, out.ptr, nullptr, L.dgelu_bwd ? aux.ptr : nullptr, 0);
@@ -500,6 +542,8 @@ void benchmark(int N, int max_algos) {
     }
     printf("\nper step (12 layers + LM head, dbias as the header's): header %.2f ms, best of header and version 3 per GEMM "
            "%.2f ms\n", total_header, total_best);
+    printf("residual epilogue (attproj and fcproj forward, 12 layers): %+.2f ms a step over the forwards without it, "
+           "against 24 fused residual + LayerNorm forwards that become plain LayerNorms\n", total_residual);
     printf("matmul tuning: %zu plans tuned, %zu kept an algorithm other than the heuristic's first\n", blas().tuned_plans,
            blas().tuned_changed);
 }
