@@ -36,7 +36,9 @@
 //     forward at HS 64 on compute capability 9.0: Hopper's warpgroup MMA (wgmma, forward_wgmma_kernel:
 //     64 queries per block, key tiles of 128 read by the tensor cores from swizzled shared memory);
 //     elsewhere mma.sync, 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1
-//     for 128 (2 tiles spill there); backward 4 warps x 16 rows per block, streamed tiles of 64, all HS.
+//     for 128 (2 tiles spill there); backward with room for dS at HS 64 on compute capability 9.0: the
+//     key side on wgmma (backward_dkdv_wgmma_kernel, a warpgroup per 64 keys, 3 per SM), elsewhere
+//     4 warps x 16 rows per block, streamed tiles of 64, all HS.
 //     At B=64 NH=12 T=1024 HS=64 (H100): forward ~210 TFLOP/s, backward with dS stored ~172 (PyTorch
 //     SDPA flash in the same process: ~203, ~163).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
@@ -1492,7 +1494,7 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
-        if (store_ds && backward_wgmma<2>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
+        if (store_ds && backward_wgmma<3>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
                                         store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {

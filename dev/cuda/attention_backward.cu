@@ -42,7 +42,7 @@
 //      the dq kernel only reads dS and multiplies by k: no second q k^T, dO v^T or softmax. 5 products
 //      instead of 7, for an extra write and read of the causal dS (0.86 GB at the benchmark shape).
 //   11 the header's flash_attention_backward (the configuration it picks per head size; given room for
-//      dS, as here: version 12 where it runs, else version 10).
+//      dS, as here: version 13 where it runs, else version 10).
 //   12 as 10 with the dk/dv kernel on Hopper's warpgroup MMA (wgmma, sm_90a; head size 64): a
 //      warpgroup per 64 keys, k/v and the streamed q/dO tiles 128-byte swizzled in shared memory and
 //      read by the tensor cores through descriptors (no ldmatrix), P^T and dS^T from registers; dP^T
