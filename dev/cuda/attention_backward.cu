@@ -1,6 +1,6 @@
 // attention_backward.cu: the causal attention backward laboratory. Numbered versions retrace how the
-// kernel got fast; the last one is the header's flash_attention_backward (flash_attention.cuh), so
-// the lab measures what training runs. Every version is validated against the double-precision CPU
+// kernel got fast; version 11 is the header's flash_attention_backward (flash_attention.cuh), so
+// the lab measures what training runs (12-13: Hopper wgmma, the header's choice runs inside 11). Every version is validated against the double-precision CPU
 // reference (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
 // benchmarked.
 //

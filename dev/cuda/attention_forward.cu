@@ -1,6 +1,6 @@
 // attention_forward.cu: the causal attention forward laboratory. Numbered versions retrace how the
-// kernel got fast; the last one is the header's flash_attention_forward (flash_attention.cuh), so the
-// lab measures what training runs. Every version is validated against the double-precision CPU
+// kernel got fast; version 9 is the header's flash_attention_forward (flash_attention.cuh), so the
+// lab measures what training runs (10-12: Hopper wgmma, the header's choice among them runs inside 9). Every version is validated against the double-precision CPU
 // reference (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
 // benchmarked.
 //
