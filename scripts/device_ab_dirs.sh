@@ -2,7 +2,8 @@
 # A/B of training throughput between source trees exported into folders (git archive REV | tar -x -C
 # DIR), in one device call, when the device's copy of the repository may not hold the commits:
 # builds train_gpt_bf16 in each of DIRS and runs them in turn, ROUNDS rounds of STEPS steps at B
-# (d12, bf16, T=1024), then a -pf 1 breakdown of each. Data: prepared once in the first folder
+# (d12, bf16, T=1024), then a -pf 1 breakdown of each. The "median of medians" is the lower middle
+# value: with two rounds, the faster one. Data: prepared once in the first folder
 # (GPT_MIRROR), linked into the others. Logs in $OUT/abd/.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
