@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -1068,7 +1070,8 @@ static void usage(const Options& d) {
            "  -g <int>    tokens per sample (default %d)\n"
            "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
            "  -sh <0|1>   shuffle the training windows each epoch (default %d)\n"
-           "  -pf <0|1>   time every kernel family with CUDA events, print the breakdown at the end (default %d)\n"
+           "  -pf <0|1>   time every kernel family with CUDA events, print the breakdown at the end; the last\n"
+           "              step runs between cudaProfilerStart/Stop (for ncu --profile-from-start off) (default %d)\n"
            "  -fa <0|1>   flash attention where it runs (bf16 builds, head size 64/80/128), else cuBLAS attention (default %d)\n"
            "  -ge <0|1|2> GELU in cuBLASLt matmul epilogues: 0 = separate GELU kernels, 1 = fused in the forward,\n"
            "              2 = forward and backward (default %d: 2 in bf16 builds; 0 in fp32 builds, the exact reference,\n"
@@ -1345,6 +1348,10 @@ int main(int argc, char** argv) {
         // here after validation, sampling or a checkpoint, to its own synchronisation.
         const double t0 = interrupted || std::isnan(last_end) ? now_seconds() : last_end;
         profiler().discard();
+        // With -pf 1 a profiler started with --profile-from-start off (ncu, scripts/device_profile_step.sh)
+        // sees exactly one steady step: the last.
+        const bool profiled_step = o.profile && step + 1 == o.max_steps && step > state.step;
+        if (profiled_step) cuda_check(cudaProfilerStart());
         // The whole step is enqueued without waiting on the GPU: the loss sum, the norm, the clipping
         // factor and the skip decision live on the device until the one synchronisation below. Each
         // batch's host work (reading, grouping tokens, pinned copy) is done while the GPU runs the
@@ -1371,6 +1378,7 @@ int main(int argc, char** argv) {
         const float lr = learning_rate(o, step);
         gpt_update(m, adam, lr, step + 1, o.grad_clip);  // writes nothing if the loss or norm is non-finite
         cuda_check(cudaDeviceSynchronize());
+        if (profiled_step) cuda_check(cudaProfilerStop());
         last_end = now_seconds();
         const double ms = (last_end - t0) * 1e3;
         const StepStats stats = gpt_step_stats(m);
