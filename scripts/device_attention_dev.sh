@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The attention kernels under development, in one device call: validates and benchmarks the forward's
+# and the backward's candidate versions against the header's (FWD, BWD: version lists), runs
+# compute-sanitizer memcheck and racecheck on the new ones at a small shape, and times each kernel
+# with ncu. Logs: $OUT/attention_dev/*.log.
+#   usage: FWD="9 11 13 14" BWD="11 13 14 15" bash scripts/device_attention_dev.sh [-h]
+source "$(dirname "$0")/device_lab.sh" attention_dev "$@"
+FWD=${FWD:-9 11 13 14}
+BWD=${BWD:-11 13 14 15}
+run build make -j16 dev/cuda/attention_forward dev/cuda/attention_backward
+run fwd ./dev/cuda/attention_forward $FWD
+run bwd ./dev/cuda/attention_backward $BWD
+run fwd2 ./dev/cuda/attention_forward $FWD --no-validate
+run bwd2 ./dev/cuda/attention_backward $BWD --no-validate
+for v in $FWD; do
+    run sanitize timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_forward "$v" --no-validate -b 1 -n 2 -t 100
+done
+for v in $BWD; do
+    run sanitize timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_backward "$v" --no-validate -b 1 -n 2 -t 300
+    run sanitize timeout 120 compute-sanitizer --tool racecheck --error-exitcode 1 ./dev/cuda/attention_backward "$v" --no-validate -b 1 -n 2 -t 300
+done
+times=(--clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base)
+run ncu_bwd timeout 200 ncu "${times[@]}" -k "regex:backward" -c 12 ./dev/cuda/attention_backward $BWD --no-validate
+exit $status
