@@ -1229,7 +1229,7 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
 // its 16 keys in mma.sync's layout, so P^T, dS^T, their masking and the stored dS tiles are the
 // mma.sync kernel's, element for element.
 // MIN_BLOCKS 3 holds it to 168 registers (3 warpgroups per SM, 16 bytes of spill); 2 leaves it 170.
-template <int MIN_BLOCKS>
+template <int MIN_BLOCKS, bool ONE_FRAGMENT_SET = false>
 __global__ void __launch_bounds__(128, MIN_BLOCKS)
     backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
                                int T, int NH, float scale) {
@@ -1313,7 +1313,8 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
                 s[4 * nt + e] = p;
             }
         // dv += P^T dO
-        uint32_t pa[BQ / 16][4], pb[BQ / 16][4];
+        uint32_t pa[BQ / 16][4], pb_own[BQ / 16][4];
+        uint32_t(&pb)[BQ / 16][4] = ONE_FRAGMENT_SET ? pa : pb_own;  // dS^T's fragments
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
@@ -1334,6 +1335,11 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
         uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
+        if constexpr (ONE_FRAGMENT_SET) {  // dv's product is done with P^T: its registers take dS^T
+            wgmma_wait<0>();
+            keep_regs(dv);
+            keep_regs(pa);
+        }
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
@@ -1374,7 +1380,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-template <int MIN_BLOCKS>
+template <int MIN_BLOCKS, bool ONE_FRAGMENT_SET = false>
 bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
                            int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
@@ -1382,8 +1388,8 @@ bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf1
     const float scale = 1.0f / 8.0f;
     const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
     static bool configured = false;
-    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
-    backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
+    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS, ONE_FRAGMENT_SET>, smem), configured = true;
+    backward_dkdv_wgmma_kernel<MIN_BLOCKS, ONE_FRAGMENT_SET><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
     const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
     backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
@@ -1583,6 +1589,9 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
         keep_regs(pa);
         keep_regs(pb);
 
+#ifdef FLASH_FUSED_SKIP_SUM  // timing diagnostic only (dq wrong): the kernel without its ordered sums
+        if (kb >= 0) continue;
+#endif
         // This block's turn for query tile qt: after the qt - kb key blocks above it.
         const bool first = qt == kb, last = kb == 0;
         unsigned* counter = counters + (size_t(b) * NH + h) * n_qt + qt;
@@ -1603,10 +1612,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
             for (int i = 0; i < HS / 8; i++) __stcg(tile + i * THREADS, make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]));
             __syncthreads();  // every thread's share is stored
-            if (threadIdx.x == 0) {
-                __threadfence();
-                st_release_gpu(counter, unsigned(qt - kb + 1));
-            }
+            if (threadIdx.x == 0) st_release_gpu(counter, unsigned(qt - kb + 1));  // after the barrier: releases every thread's stores
         } else {
             // dq[4 dt + 2 hf + e]: query q0 + 16 warp + g + 8 hf, dimension 8 dt + 2 c4 + e.
 #pragma unroll

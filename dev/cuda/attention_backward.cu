@@ -69,7 +69,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 15;
+constexpr int kNumVersions = 17;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -212,6 +212,15 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
         case 13:
             ran = version == 12 ? flash_detail::backward_wgmma<2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
                                 : flash_detail::backward_wgmma<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
+            if (!ran) {
+                ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
+                if (ran) return "no wgmma path for this HS or GPU, ran v10";
+            }
+            break;
+        case 16:
+        case 17:
+            ran = version == 16 ? flash_detail::backward_wgmma<3, true>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
+                                : flash_detail::backward_wgmma<4, true>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!ran) {
                 ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
