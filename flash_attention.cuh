@@ -1458,6 +1458,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
     bf16* sS = sO + 2 * TILE;                  // BK x BQ: dS^T, a key per row
     float* sL = reinterpret_cast<float*>(sS + TILE);  // 2 x BQ (lse)
     float* sD = sL + 2 * BQ;                          // 2 x BQ (D)
+    float4* sDQ = reinterpret_cast<float4*>(sD + 2 * BQ);  // 64 x 64 fp32: dq's share, each thread's 32 values
 
     const int n_kb = (T + BK - 1) / BK, n_qt = (T + BQ - 1) / BQ;
     if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
@@ -1492,6 +1493,45 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
 
+    // Adds this block's share of dq for query tile qt (in sDQ) in its turn: after the qt - kb key blocks
+    // above it. The last (key block 0) writes dq.
+    auto ordered_sum = [&](int qt) {
+        const bool first = qt == kb, last = kb == 0;
+        unsigned* counter = counters + (size_t(b) * NH + h) * n_qt + qt;
+        if (!first) {
+            if (threadIdx.x == 0)
+                while (ld_acquire_gpu(counter) != unsigned(qt - kb)) __nanosleep(32);
+            __syncthreads();  // thread 0 saw the count
+        }
+        float4* tile = dq_tiles + ((size_t(b) * NH + h) * n_qt + qt) * (TILE / 4) + threadIdx.x;
+        // float4 dt: query qt * 64 + 16 warp + g + 8 hf, dimensions 8 dt + 2 c4 + {0, 1} (x, y: hf 0; z, w: hf 1).
+        bf16* dst = dqkv + (size_t(b) * T + qt * BQ + warp * 16 + g) * stride + h * HS + 2 * c4;
+        const bool row0 = qt * BQ + warp * 16 + g < T, row1 = qt * BQ + warp * 16 + g + 8 < T;
+#pragma unroll 4  // a few loads in flight, few registers (s^T and dP^T are being written meanwhile)
+        for (int dt = 0; dt < HS / 8; dt++) {
+            float4 v = sDQ[dt * THREADS + threadIdx.x];
+            if (!first) {
+                const float4 a = __ldcg(tile + dt * THREADS);
+                v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+            }
+            if (!last) {
+                __stcg(tile + dt * THREADS, v);
+            } else {
+                if (row0) *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+                if (row1) *reinterpret_cast<__nv_bfloat162*>(dst + 8 * stride + dt * 8) = __floats2bfloat162_rn(v.z * scale, v.w * scale);
+            }
+        }
+        if (!last) {
+            __syncthreads();  // every thread's share is stored
+            if (threadIdx.x == 0) st_release_gpu(counter, unsigned(qt - kb + 1));  // after the barrier: releases every thread's stores
+            return;
+        }
+        if (!first) {
+            __syncthreads();  // every thread has read the tile
+            discard_l2_line(reinterpret_cast<const char*>(tile - threadIdx.x) + threadIdx.x * 128);
+        }
+    };
+
     for (int qt = kb; qt < n_qt; qt++) {
         cp_async_wait_all();
         fence_proxy_async_smem();
@@ -1516,6 +1556,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++) wgmma_m64n64k16_ss(dp, v_desc + 2 * ks, o_desc + 2 * ks, ks);
         wgmma_commit();
+        if (qt > kb) ordered_sum(qt - 1);  // while s^T and dP^T run
         wgmma_wait<1>();
         keep_regs(s);
 
@@ -1589,48 +1630,12 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
         keep_regs(pa);
         keep_regs(pb);
 
-#ifdef FLASH_FUSED_SKIP_SUM  // timing diagnostic only (dq wrong): the kernel without its ordered sums
-        if (kb >= 0) continue;
-#endif
-        // This block's turn for query tile qt: after the qt - kb key blocks above it.
-        const bool first = qt == kb, last = kb == 0;
-        unsigned* counter = counters + (size_t(b) * NH + h) * n_qt + qt;
-        if (!first) {
-            if (threadIdx.x == 0)
-                while (ld_acquire_gpu(counter) != unsigned(qt - kb)) __nanosleep(32);
-            __syncthreads();  // thread 0 saw the count
-        }
-
-        float4* tile = dq_tiles + ((size_t(b) * NH + h) * n_qt + qt) * (TILE / 4) + threadIdx.x;
-        if (!first)
+        // dq's share of this tile waits in shared memory (each thread's own slots) until the next tile's
+        // first products run: its ordered sum, with the wait for its turn, is done then.
 #pragma unroll
-            for (int i = 0; i < HS / 8; i++) {
-                const float4 a = __ldcg(tile + i * THREADS);
-                dq[4 * i] += a.x, dq[4 * i + 1] += a.y, dq[4 * i + 2] += a.z, dq[4 * i + 3] += a.w;
-            }
-        if (!last) {
-#pragma unroll
-            for (int i = 0; i < HS / 8; i++) __stcg(tile + i * THREADS, make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]));
-            __syncthreads();  // every thread's share is stored
-            if (threadIdx.x == 0) st_release_gpu(counter, unsigned(qt - kb + 1));  // after the barrier: releases every thread's stores
-        } else {
-            // dq[4 dt + 2 hf + e]: query q0 + 16 warp + g + 8 hf, dimension 8 dt + 2 c4 + e.
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int row = q0 + warp * 16 + g + hf * 8;
-                if (row >= T) continue;
-                bf16* dst = dqkv + (size_t(b) * T + row) * stride + h * HS + 2 * c4;
-#pragma unroll
-                for (int dt = 0; dt < HS / 8; dt++)
-                    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                        __floats2bfloat162_rn(dq[4 * dt + hf * 2] * scale, dq[4 * dt + hf * 2 + 1] * scale);
-            }
-            if (!first) {
-                __syncthreads();  // every thread has read the tile
-                discard_l2_line(reinterpret_cast<const char*>(tile - threadIdx.x) + threadIdx.x * 128);
-            }
-        }
+        for (int i = 0; i < HS / 8; i++) sDQ[i * THREADS + threadIdx.x] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
     }
+    ordered_sum(n_qt - 1);
 
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -1661,7 +1666,7 @@ bool backward_fused_wgmma(bf16* dqkv, float* D, void* scratch, size_t scratch_by
     unsigned* counters = reinterpret_cast<unsigned*>(dq_tiles + tiles * (64 * 64 / 4));
     cuda_check(cudaMemsetAsync(counters, 0, (tiles + 1) * sizeof(unsigned), stream));  // the counters and the ticket
     launch_backward_dot<64>(D, dout, out, B, T, NH, stream);
-    const size_t smem = size_t(7 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
+    const size_t smem = size_t(7 * 64 * 64) * sizeof(bf16) + (4 * 64 + 64 * 64) * sizeof(float) + 1024;
     static bool configured = false;
     if (!configured) allow_smem(backward_fused_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
     backward_fused_wgmma_kernel<MIN_BLOCKS><<<unsigned(tiles), 128, smem, stream>>>(dqkv, dq_tiles, counters, counters + tiles, dout,
