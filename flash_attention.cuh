@@ -48,8 +48,6 @@
 //     attention.cuh there instead. bf16 only: fp32 builds use attention.cuh.
 #pragma once
 
-#include <algorithm>
-
 #include "common.cuh"
 
 namespace flash_detail {
@@ -423,86 +421,11 @@ __device__ __forceinline__ void load_rows_sw128_async(bf16* dst, const bf16* src
     }
 }
 
-// One key tile's online-softmax step for a warp's 16 query rows, shared by the wgmma forward kernels:
-// s (the scores of BC keys from k0, mma.sync's layout: s[4 nt + e] is row g + 8 (e / 2) of the warp's
-// 16 from wrow0, key k0 + 8 nt + 2 c4 + e % 2) becomes P = 2^(s sl2 - m) with the causal mask; m_run and
-// l_run (per half: rows g and g + 8) are updated; corr gets the factor the output rows must be scaled by.
-template <int BC>
-__device__ __forceinline__ void wgmma_softmax_tile(float (&s)[BC / 2], float (&m_run)[2], float (&l_run)[2], float (&corr)[2], int k0,
-                                                   int wrow0, float sl2) {
-    constexpr int NT = BC / 8;
-    const int lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
-    const bool mask = k0 + BC - 1 > wrow0;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int row = wrow0 + g + hf * 8;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float& x = s[4 * nt + hf * 2 + e];
-                if (mask && k0 + nt * 8 + 2 * c4 + e > row) x = -INFINITY;
-                mx = fmaxf(mx, x);
-            }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[hf], mx * sl2);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
-        corr[hf] = exp2_ftz(m_run[hf] - m_use);
-        m_run[hf] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float& x = s[4 * nt + hf * 2 + e];
-                x = exp2_ftz(fmaf(x, sl2, -m_use));
-                sum += x;
-            }
-        l_run[hf] = l_run[hf] * corr[hf] + sum;
-    }
-}
-
-// P (fp32, the score layout) as the A fragments of P v, 16 keys per fragment.
-template <int BC>
-__device__ __forceinline__ void pack_p_fragments(uint32_t (&pa)[BC / 16][4], const float (&s)[BC / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++) {
-        pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-}
-
-// Writes a warp's 16 rows of out = o / l and their lse (rows >= T skipped).
-__device__ __forceinline__ void wgmma_forward_epilogue(bf16* out, float* lse, const float (&o)[32], const float (&m_run)[2],
-                                                       const float (&l_run)[2], int b, int h, int wrow0, int T, int NH) {
-    constexpr int HS = 64;
-    const int lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4, C = NH * HS;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = wrow0 + g + hf * 8;
-        if (row >= T) continue;
-        const float inv = 1.0f / l;
-        bf16* dst = out + (size_t(b) * T + row) * C + h * HS + 2 * c4;
-#pragma unroll
-        for (int dt = 0; dt < HS / 8; dt++)
-            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                __floats2bfloat162_rn(o[4 * dt + hf * 2] * inv, o[4 * dt + hf * 2 + 1] * inv);
-        if (c4 == 0) lse[(size_t(b) * NH + h) * T + row] = (m_run[hf] + log2f(l)) * kLn2;
-    }
-}
-
 template <int NWG, int BC>
 __global__ void __launch_bounds__(NWG * 128)
     forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
 #ifdef FLASH_HAVE_WGMMA
-    constexpr int HS = 64, BR = NWG * 64, THREADS = NWG * 128;
+    constexpr int HS = 64, BR = NWG * 64, THREADS = NWG * 128, NT = BC / 8;
     static_assert(BC == 64 || BC == 128, "key tile");
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
@@ -511,7 +434,8 @@ __global__ void __launch_bounds__(NWG * 128)
     bf16* sV = sK + 2 * BC * HS;               // 2 x BC x 64
 
     const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest blocks first
-    const int C = NH * HS, wg = threadIdx.x / 128, warp = threadIdx.x / 32;
+    const int C = NH * HS, wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, c4 = lane % 4;
     const size_t stride = 3 * size_t(C);
     const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
     const bf16* k_src = q_src + C;
@@ -557,14 +481,48 @@ __global__ void __launch_bounds__(NWG * 128)
         wgmma_wait<0>();
         keep_regs(s);
 
-        float corr[2];
-        wgmma_softmax_tile<BC>(s, m_run, l_run, corr, k0, wrow0, sl2);
+        // s[4 nt + e]: row g + 8 (e / 2) of this warp's 16, key k0 + 8 nt + 2 c4 + e % 2 (mma.sync's layout).
+        const bool mask = k0 + BC - 1 > wrow0;
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++)
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = wrow0 + g + hf * 8;
+            float mx = -INFINITY;
 #pragma unroll
-            for (int dt = 0; dt < HS / 8; dt++) o[4 * dt + hf * 2] *= corr[hf], o[4 * dt + hf * 2 + 1] *= corr[hf];
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& x = s[4 * nt + hf * 2 + e];
+                    if (mask && k0 + nt * 8 + 2 * c4 + e > row) x = -INFINITY;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[hf], mx * sl2);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
+            const float corr = exp2_ftz(m_run[hf] - m_use);
+            m_run[hf] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float& x = s[4 * nt + hf * 2 + e];
+                    x = exp2_ftz(fmaf(x, sl2, -m_use));
+                    sum += x;
+                }
+            l_run[hf] = l_run[hf] * corr + sum;
+#pragma unroll
+            for (int dt = 0; dt < HS / 8; dt++) o[4 * dt + hf * 2] *= corr, o[4 * dt + hf * 2 + 1] *= corr;
+        }
+
         uint32_t pa[BC / 16][4];
-        pack_p_fragments<BC>(pa, s);
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+        }
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) wgmma_m64n64k16_rs_mn(o, pa[kk], v_desc + kk * (16 * 128 / 16));  // 16 rows of v
@@ -574,108 +532,23 @@ __global__ void __launch_bounds__(NWG * 128)
         keep_regs(pa);
     }
 
-    wgmma_forward_epilogue(out, lse, o, m_run, l_run, b, h, wrow0, T, NH);
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = wrow0 + g + hf * 8;
+        if (row >= T) continue;
+        const float inv = 1.0f / l;
+        bf16* dst = out + (size_t(b) * T + row) * C + h * HS + 2 * c4;
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++)
+            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                __floats2bfloat162_rn(o[4 * dt + hf * 2] * inv, o[4 * dt + hf * 2 + 1] * inv);
+        if (c4 == 0) lse[(size_t(b) * NH + h) * T + row] = (m_run[hf] + log2f(l)) * kLn2;
+    }
 #else
     __trap();  // built without sm_90a: forward_wgmma never launches it (wgmma_available)
-#endif
-}
-
-// Forward with the softmax overlapped with the tensor cores inside a warpgroup (FlashAttention-3's
-// intra-warpgroup pipelining): a warpgroup per 64 queries (the block), key tiles of BC. Iteration j
-// issues S_j = q k_j^T and O += P_{j-1} v_{j-1}, waits only for S_j, runs tile j's softmax while the
-// P v product still runs, then waits for it and rescales O. At head size 64 the exponentials take
-// about as long as the two products (H100: 16 exp2 against 4096 bf16 FLOP per SM and clock), so
-// overlapping them is the main lever. P_{j-1} v_{j-1} lags a tile, so v lags k: iteration j loads
-// k_{j+1} and v_j (double-buffered each; the stages they refill were last read by products that every
-// warp waited for before the barrier).
-template <int BC>
-__global__ void __launch_bounds__(128)
-    forward_wgmma_overlap_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
-    constexpr int HS = 64, BR = 64, THREADS = 128;
-    static_assert(BC == 64 || BC == 128, "key tile");
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
-    bf16* sQ = reinterpret_cast<bf16*>(smem);  // BR x 64
-    bf16* sK = sQ + BR * HS;                   // 2 x BC x 64
-    bf16* sV = sK + 2 * BC * HS;               // 2 x BC x 64
-
-    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest blocks first
-    const int C = NH * HS, warp = threadIdx.x / 32;
-    const size_t stride = 3 * size_t(C);
-    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
-    const bf16* k_src = q_src + C;
-    const bf16* v_src = q_src + 2 * C;
-    const int q0 = qb * BR, n_tiles = (min(q0 + BR, T) - 1) / BC + 1;
-    const int wrow0 = q0 + warp * 16;  // this warp's first query
-    const float sl2 = scale * kLog2e;
-
-    load_rows_sw128_async<THREADS>(sQ, q_src, stride, q0, BR, T);
-    load_rows_sw128_async<THREADS>(sK, k_src, stride, 0, BC, T);
-    cp_async_commit();
-
-    const uint64_t q_desc = sw128_desc(sQ, 16, 1024);
-    float o[HS / 2];
-#pragma unroll
-    for (int i = 0; i < HS / 2; i++) o[i] = 0.0f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    uint32_t pa[BC / 16][4];  // P_{j-1}
-
-    for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
-        fence_proxy_async_smem();
-        __syncthreads();  // k_j and v_{j-1} are in; every warp has waited for S_{j-1} and P_{j-2} v_{j-2}
-        if (j + 1 < n_tiles) load_rows_sw128_async<THREADS>(sK + ((j + 1) & 1) * BC * HS, k_src, stride, (j + 1) * BC, BC, T);
-        load_rows_sw128_async<THREADS>(sV + (j & 1) * BC * HS, v_src, stride, j * BC, BC, T);
-        cp_async_commit();
-        const uint64_t k_desc = sw128_desc(sK + (j & 1) * BC * HS, 16, 1024);
-        const uint64_t v_prev = sw128_desc(sV + ((j + 1) & 1) * BC * HS, BC * 128, 1024);  // v_{j-1}
-
-        float s[BC / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {  // +32 bytes along the swizzled row per 16 values
-            if constexpr (BC == 128) wgmma_m64n128k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
-            else wgmma_m64n64k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
-        }
-        wgmma_commit();
-        if (j > 0) {
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) wgmma_m64n64k16_rs_mn(o, pa[kk], v_prev + kk * (16 * 128 / 16));  // 16 rows of v
-            wgmma_commit();
-            wgmma_wait<1>();
-        } else {
-            wgmma_wait<0>();
-        }
-        keep_regs(s);
-
-        float corr[2];
-        wgmma_softmax_tile<BC>(s, m_run, l_run, corr, j * BC, wrow0, sl2);  // while P_{j-1} v_{j-1} runs
-        wgmma_wait<0>();
-        keep_regs(o);
-        keep_regs(pa);
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-            for (int dt = 0; dt < HS / 8; dt++) o[4 * dt + hf * 2] *= corr[hf], o[4 * dt + hf * 2 + 1] *= corr[hf];
-        pack_p_fragments<BC>(pa, s);
-    }
-    cp_async_wait_all();
-    fence_proxy_async_smem();
-    __syncthreads();  // the last v tile is in
-    {
-        const uint64_t v_last = sw128_desc(sV + ((n_tiles - 1) & 1) * BC * HS, BC * 128, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_m64n64k16_rs_mn(o, pa[kk], v_last + kk * (16 * 128 / 16));
-        wgmma_commit();
-        wgmma_wait<0>();
-        keep_regs(o);
-        keep_regs(pa);
-    }
-    wgmma_forward_epilogue(out, lse, o, m_run, l_run, b, h, wrow0, T, NH);
-#else
-    __trap();  // built without sm_90a: forward_wgmma_overlap never launches it (wgmma_available)
 #endif
 }
 
@@ -704,20 +577,6 @@ bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
     if (!configured) allow_smem(kernel, smem), configured = true;
     const dim3 grid((T + BR - 1) / BR, NH, B);
     kernel<<<grid, NWG * 128, smem, stream>>>(out, lse, qkv, T, NH, 1.0f / 8.0f);
-    cuda_check_launch();
-    return true;
-}
-
-// forward_wgmma_overlap_kernel; false where it does not run (HS != 64, or not an sm_90 GPU).
-template <int BC>
-bool forward_wgmma_overlap(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
-    if (HS != 64 || !wgmma_available()) return false;
-    const size_t smem = size_t(64 + 4 * BC) * 64 * sizeof(bf16) + 1024;  // + room to align to 1024
-    auto kernel = forward_wgmma_overlap_kernel<BC>;
-    static bool configured = false;
-    if (!configured) allow_smem(kernel, smem), configured = true;
-    const dim3 grid((T + 63) / 64, NH, B);
-    kernel<<<grid, 128, smem, stream>>>(out, lse, qkv, T, NH, 1.0f / 8.0f);
     cuda_check_launch();
     return true;
 }
@@ -1229,7 +1088,7 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
 // its 16 keys in mma.sync's layout, so P^T, dS^T, their masking and the stored dS tiles are the
 // mma.sync kernel's, element for element.
 // MIN_BLOCKS 3 holds it to 168 registers (3 warpgroups per SM, 16 bytes of spill); 2 leaves it 170.
-template <int MIN_BLOCKS, bool ONE_FRAGMENT_SET = false>
+template <int MIN_BLOCKS>
 __global__ void __launch_bounds__(128, MIN_BLOCKS)
     backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
                                int T, int NH, float scale) {
@@ -1313,8 +1172,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
                 s[4 * nt + e] = p;
             }
         // dv += P^T dO
-        uint32_t pa[BQ / 16][4], pb_own[BQ / 16][4];
-        uint32_t(&pb)[BQ / 16][4] = ONE_FRAGMENT_SET ? pa : pb_own;  // dS^T's fragments
+        uint32_t pa[BQ / 16][4], pb[BQ / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
@@ -1335,11 +1193,6 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
         uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
-        if constexpr (ONE_FRAGMENT_SET) {  // dv's product is done with P^T: its registers take dS^T
-            wgmma_wait<0>();
-            keep_regs(dv);
-            keep_regs(pa);
-        }
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
@@ -1380,7 +1233,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-template <int MIN_BLOCKS, bool ONE_FRAGMENT_SET = false>
+template <int MIN_BLOCKS>
 bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
                            int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
@@ -1388,289 +1241,12 @@ bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf1
     const float scale = 1.0f / 8.0f;
     const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
     static bool configured = false;
-    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS, ONE_FRAGMENT_SET>, smem), configured = true;
-    backward_dkdv_wgmma_kernel<MIN_BLOCKS, ONE_FRAGMENT_SET><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
+    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
+    backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
     const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
     backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
                                                                                                              scale);
-    cuda_check_launch();
-    return true;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Backward in one kernel, Hopper wgmma, head size 64: dk, dv and dq, with no dS round trip through
-// memory. backward_dkdv_wgmma_kernel's loop (a warpgroup per 64 keys, query tiles ascending from the
-// diagonal) plus, per tile, dq's share dS k of those 64 keys: dS^T goes to shared memory (128-byte
-// swizzled rows of 64 queries) and one more product takes it as the MN-major A operand, with k (as
-// loaded) the MN-major B. The shares of a query tile are summed in fp32 in a fixed order, so the
-// result is deterministic: key blocks from the diagonal down to block 0. A counter per (b, h, query
-// tile) says how many have added; each block waits for its turn, adds its share into an fp32 tile in
-// the scratch, and counts up; block 0, the last, writes dq in bf16 and discards the tile from L2 (it is
-// dead: no write-back to DRAM). Why this order costs no waiting: with ascending query tiles, key
-// block kb reaches query tile qt at its (qt - kb + 1)-th step, one step after block kb + 1 did.
-// Why the tickets: blocks take their (b, h, key block) from an atomic counter, later key blocks of a
-// head first, so every block a block waits for is running or done (no deadlock whatever order the
-// GPU starts blocks in). The scratch tiles hold each thread's 32 accumulator values as 8 float4,
-// thread-major: every load and store is a coalesced 16-byte access.
-
-// Room the fused backward needs in the second scratch: the fp32 dq tiles, then a counter per
-// (b, h, query tile) and the ticket counter.
-inline size_t backward_fused_tiles(int B, int T, int NH) { return size_t(B) * NH * ((T + 63) / 64); }
-inline size_t backward_fused_bytes(int B, int T, int NH) {
-    return backward_fused_tiles(B, T, NH) * (64 * 64 * sizeof(float) + sizeof(unsigned)) + sizeof(unsigned);
-}
-
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-// The 128-byte line at p leaves L2 without being written back (its contents become undefined).
-__device__ __forceinline__ void discard_l2_line(const void* p) { asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p) : "memory"); }
-
-// d (64 x 64, fp32) = A (64 x 16) B (16 x 64) + (accumulate ? d : 0), both in shared memory, MN-major
-// (A's 64 rows contiguous for each k, B's 64 columns contiguous for each k).
-__device__ __forceinline__ void wgmma_m64n64k16_ss_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-template <int MIN_BLOCKS>
-__global__ void __launch_bounds__(128, MIN_BLOCKS)
-    backward_fused_wgmma_kernel(bf16* dqkv, float4* dq_tiles, unsigned* counters, unsigned* ticket, const bf16* dout,
-                                const float* lse, const float* Dsum, const bf16* qkv, int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
-    constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 128, TILE = 64 * 64;
-    extern __shared__ unsigned char smem_raw[];
-    __shared__ unsigned s_ticket;
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
-    bf16* sK = reinterpret_cast<bf16*>(smem);  // BK x 64
-    bf16* sV = sK + TILE;                      // BK x 64
-    bf16* sQ = sV + TILE;                      // 2 x BQ x 64
-    bf16* sO = sQ + 2 * TILE;                  // 2 x BQ x 64 (dO)
-    bf16* sS = sO + 2 * TILE;                  // BK x BQ: dS^T, a key per row
-    float* sL = reinterpret_cast<float*>(sS + TILE);  // 2 x BQ (lse)
-    float* sD = sL + 2 * BQ;                          // 2 x BQ (D)
-    float4* sDQ = reinterpret_cast<float4*>(sD + 2 * BQ);  // 64 x 64 fp32: dq's share, each thread's 32 values
-
-    const int n_kb = (T + BK - 1) / BK, n_qt = (T + BQ - 1) / BQ;
-    if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
-    __syncthreads();
-    const int head = int(s_ticket / n_kb), kb = n_kb - 1 - int(s_ticket % n_kb);  // a head's later key blocks first
-    const int h = head % NH, b = head / NH;
-    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
-    const size_t stride = 3 * size_t(C);
-    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
-    const bf16* k_src = q_src + C;
-    const bf16* v_src = q_src + 2 * C;
-    const bf16* o_src = dout + size_t(b) * T * C + h * HS;
-    const float* l_src = lse + (size_t(b) * NH + h) * T;
-    const float* d_src = Dsum + (size_t(b) * NH + h) * T;
-    const int kblk0 = kb * BK, wk0 = kblk0 + warp * 16;  // this warp's first key
-    const float sl2 = scale * kLog2e;
-
-    auto load_query_tile = [&](int qt, int st) {
-        load_rows_sw128_async<THREADS>(sQ + st * TILE, q_src, stride, qt * BQ, BQ, T);
-        load_rows_sw128_async<THREADS>(sO + st * TILE, o_src, size_t(C), qt * BQ, BQ, T);
-        load_floats_async<THREADS>(sL + st * BQ, l_src, qt * BQ, BQ, T);
-        load_floats_async<THREADS>(sD + st * BQ, d_src, qt * BQ, BQ, T);
-    };
-    load_rows_sw128_async<THREADS>(sK, k_src, stride, kblk0, BK, T);
-    load_rows_sw128_async<THREADS>(sV, v_src, stride, kblk0, BK, T);
-    load_query_tile(kb, 0);
-    cp_async_commit();
-
-    const uint64_t k_desc = sw128_desc(sK, 16, 1024), v_desc = sw128_desc(sV, 16, 1024);
-    const uint64_t k_desc_mn = sw128_desc(sK, BK * 128, 1024), s_desc_mn = sw128_desc(sS, BQ * 128, 1024);
-    float dk[HS / 2], dv[HS / 2];
-#pragma unroll
-    for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
-
-    // Adds this block's share of dq for query tile qt (in sDQ) in its turn: after the qt - kb key blocks
-    // above it. The last (key block 0) writes dq.
-    auto ordered_sum = [&](int qt) {
-        const bool first = qt == kb, last = kb == 0;
-        unsigned* counter = counters + (size_t(b) * NH + h) * n_qt + qt;
-        if (!first) {
-            if (threadIdx.x == 0)
-                while (ld_acquire_gpu(counter) != unsigned(qt - kb)) __nanosleep(32);
-            __syncthreads();  // thread 0 saw the count
-        }
-        float4* tile = dq_tiles + ((size_t(b) * NH + h) * n_qt + qt) * (TILE / 4) + threadIdx.x;
-        // float4 dt: query qt * 64 + 16 warp + g + 8 hf, dimensions 8 dt + 2 c4 + {0, 1} (x, y: hf 0; z, w: hf 1).
-        bf16* dst = dqkv + (size_t(b) * T + qt * BQ + warp * 16 + g) * stride + h * HS + 2 * c4;
-        const bool row0 = qt * BQ + warp * 16 + g < T, row1 = qt * BQ + warp * 16 + g + 8 < T;
-#pragma unroll 4  // a few loads in flight, few registers (s^T and dP^T are being written meanwhile)
-        for (int dt = 0; dt < HS / 8; dt++) {
-            float4 v = sDQ[dt * THREADS + threadIdx.x];
-            if (!first) {
-                const float4 a = __ldcg(tile + dt * THREADS);
-                v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
-            }
-            if (!last) {
-                __stcg(tile + dt * THREADS, v);
-            } else {
-                if (row0) *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) = __floats2bfloat162_rn(v.x * scale, v.y * scale);
-                if (row1) *reinterpret_cast<__nv_bfloat162*>(dst + 8 * stride + dt * 8) = __floats2bfloat162_rn(v.z * scale, v.w * scale);
-            }
-        }
-        if (!last) {
-            __syncthreads();  // every thread's share is stored
-            if (threadIdx.x == 0) st_release_gpu(counter, unsigned(qt - kb + 1));  // after the barrier: releases every thread's stores
-            return;
-        }
-        if (!first) {
-            __syncthreads();  // every thread has read the tile
-            discard_l2_line(reinterpret_cast<const char*>(tile - threadIdx.x) + threadIdx.x * 128);
-        }
-    };
-
-    for (int qt = kb; qt < n_qt; qt++) {
-        cp_async_wait_all();
-        fence_proxy_async_smem();
-        __syncthreads();  // tile qt is in; the products of tile qt - 1 are done (waited for below)
-        const int st = (qt - kb) & 1;
-        if (qt + 1 < n_qt) {
-            load_query_tile(qt + 1, st ^ 1);
-            cp_async_commit();
-        }
-        const int q0 = qt * BQ;
-        const uint64_t q_desc = sw128_desc(sQ + st * TILE, 16, 1024), o_desc = sw128_desc(sO + st * TILE, 16, 1024);
-        const uint64_t q_desc_mn = sw128_desc(sQ + st * TILE, BQ * 128, 1024), o_desc_mn = sw128_desc(sO + st * TILE, BQ * 128, 1024);
-        const float* cL = sL + st * BQ;
-        const float* cD = sD + st * BQ;
-
-        // s^T = k q^T, then dP^T = v dO^T (two groups: P^T is computed while the second runs)
-        float s[BQ / 2], dp[BQ / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) wgmma_m64n64k16_ss(s, k_desc + 2 * ks, q_desc + 2 * ks, ks);
-        wgmma_commit();
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) wgmma_m64n64k16_ss(dp, v_desc + 2 * ks, o_desc + 2 * ks, ks);
-        wgmma_commit();
-        if (qt > kb) ordered_sum(qt - 1);  // while s^T and dP^T run
-        wgmma_wait<1>();
-        keep_regs(s);
-
-        // P^T from the saved lse; s[4 nt + e]: key wk0 + g + 8 (e / 2), query q0 + 8 nt + 2 c4 + e % 2.
-        // Masked: query before key, or past T.
-        const bool mask = q0 < wk0 + 15 || q0 + BQ > T;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + g + (e >> 1) * 8, query = q0 + qi;
-                float p = exp2_ftz(fmaf(s[4 * nt + e], sl2, -cL[qi] * kLog2e));
-                if (mask && (query < key || query >= T)) p = 0.0f;
-                s[4 * nt + e] = p;
-            }
-        // dv += P^T dO
-        uint32_t pa[BQ / 16][4], pb[BQ / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {
-            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        wgmma_wait<0>();
-        keep_regs(dp);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dv, pa[kk], o_desc_mn + kk * (16 * 128 / 16));
-        wgmma_commit();
-
-        // dS^T = P^T * (dP^T - D): to shared memory for dq, then dk += dS^T q and dq's share dS k
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {
-            pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
-            pb[kk][1] = pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
-            pb[kk][2] = pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
-            pb[kk][3] = pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
-        }
-        // pb[kk][i]: key g + 8 (i % 2), queries 16 kk + 8 (i / 2) + 2 c4 + {0, 1}: row key, 16-byte chunk
-        // 2 kk + i / 2, swizzled.
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int r = warp * 16 + g + hf * 8;
-            unsigned char* row = reinterpret_cast<unsigned char*>(sS) + r * 128 + c4 * 4;
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-#pragma unroll
-                for (int half = 0; half < 2; half++)
-                    *reinterpret_cast<uint32_t*>(row + (((2 * kk + half) ^ (r & 7)) * 16)) = pb[kk][hf + 2 * half];
-        }
-        fence_proxy_async_smem();
-        __syncthreads();  // every warp's dS^T rows are in
-        float dq[HS / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dk, pb[kk], q_desc_mn + kk * (16 * 128 / 16));
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-            wgmma_m64n64k16_ss_tt(dq, s_desc_mn + kk * (16 * 128 / 16), k_desc_mn + kk * (16 * 128 / 16), kk);
-        wgmma_commit();
-
-        wgmma_wait<0>();  // also before the next barrier: the stage these read is refilled after it
-        keep_regs(dk);
-        keep_regs(dv);
-        keep_regs(dq);
-        keep_regs(pa);
-        keep_regs(pb);
-
-        // dq's share of this tile waits in shared memory (each thread's own slots) until the next tile's
-        // first products run: its ordered sum, with the wait for its turn, is done then.
-#pragma unroll
-        for (int i = 0; i < HS / 8; i++) sDQ[i * THREADS + threadIdx.x] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
-    }
-    ordered_sum(n_qt - 1);
-
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int key = wk0 + g + hf * 8;
-        if (key >= T) continue;
-        bf16* dst = dqkv + (size_t(b) * T + key) * stride + C + h * HS + 2 * c4;
-#pragma unroll
-        for (int dt = 0; dt < HS / 8; dt++) {
-            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                __floats2bfloat162_rn(dk[4 * dt + hf * 2] * scale, dk[4 * dt + hf * 2 + 1] * scale);
-            *reinterpret_cast<__nv_bfloat162*>(dst + C + dt * 8) = __floats2bfloat162_rn(dv[4 * dt + hf * 2], dv[4 * dt + hf * 2 + 1]);
-        }
-    }
-#else
-    __trap();  // built without sm_90a: backward_fused_wgmma never launches it (wgmma_available)
-#endif
-}
-
-// The fused backward: D, then backward_fused_wgmma_kernel. false where it does not run (HS != 64, a
-// scratch smaller than backward_fused_bytes, or not an sm_90 GPU).
-template <int MIN_BLOCKS>
-bool backward_fused_wgmma(bf16* dqkv, float* D, void* scratch, size_t scratch_bytes, const bf16* dout, const bf16* out,
-                          const float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
-    if (HS != 64 || !scratch || scratch_bytes < backward_fused_bytes(B, T, NH) || !is_aligned16(scratch) || !wgmma_available())
-        return false;
-    const size_t tiles = backward_fused_tiles(B, T, NH);
-    float4* dq_tiles = static_cast<float4*>(scratch);
-    unsigned* counters = reinterpret_cast<unsigned*>(dq_tiles + tiles * (64 * 64 / 4));
-    cuda_check(cudaMemsetAsync(counters, 0, (tiles + 1) * sizeof(unsigned), stream));  // the counters and the ticket
-    launch_backward_dot<64>(D, dout, out, B, T, NH, stream);
-    const size_t smem = size_t(7 * 64 * 64) * sizeof(bf16) + (4 * 64 + 64 * 64) * sizeof(float) + 1024;
-    static bool configured = false;
-    if (!configured) allow_smem(backward_fused_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
-    backward_fused_wgmma_kernel<MIN_BLOCKS><<<unsigned(tiles), 128, smem, stream>>>(dqkv, dq_tiles, counters, counters + tiles, dout,
-                                                                                    lse, D, qkv, T, NH, 1.0f / 8.0f);
     cuda_check_launch();
     return true;
 }
@@ -1903,9 +1479,7 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int H
 // it, the dk/dv pass stores dS and the dq pass reads it back instead of recomputing it (H100, B=64
 // NH=12 T=1024 HS=64: 1.83 -> 1.51 ms, dev/cuda/README.md); without it, or too small, dq recomputes.
 inline size_t flash_attention_backward_ds_bytes(int B, int T, int NH, int HS) {
-    if (!flash_attention_supported(HS)) return 0;
-    const size_t ds = flash_detail::backward_ds_bytes(B, T, NH);
-    return HS == 64 ? std::max(ds, flash_detail::backward_fused_bytes(B, T, NH)) : ds;
+    return flash_attention_supported(HS) ? flash_detail::backward_ds_bytes(B, T, NH) : 0;
 }
 
 // dqkv (B, T, 3*NH*HS), overwritten, from dout and out (B, T, NH*HS), lse (B, NH, T) and qkv.

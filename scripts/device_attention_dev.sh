@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The attention kernels under development, in one device call: validates and benchmarks the forward's
-# and the backward's candidate versions against the header's (FWD, BWD: version lists), runs
-# compute-sanitizer memcheck and racecheck on the new ones at a small shape, and times each kernel
-# with ncu. Logs: $OUT/attention_dev/*.log.
-#   usage: FWD="9 11 13 14" BWD="11 13 14 15" bash scripts/device_attention_dev.sh [-h]
+# Attention kernels under development, in one device call: validates and benchmarks the named forward
+# and backward lab versions (FWD, BWD: version lists; put the header's, 9 and 11, beside the new
+# ones), twice; compute-sanitizer memcheck and racecheck of each at a small shape; each backward
+# version's kernels timed one by one with ncu. Logs: $OUT/attention_dev/*.log.
+#   usage: FWD="9 10 11" BWD="11 12 13" bash scripts/device_attention_dev.sh [-h]
 source "$(dirname "$0")/device_lab.sh" attention_dev "$@"
-FWD=${FWD:-9 11 13 14}
-BWD=${BWD:-11 13 14 15}
+FWD=${FWD:-9 10 11}
+BWD=${BWD:-11 12 13}
 run build make -j16 dev/cuda/attention_forward dev/cuda/attention_backward
 run fwd ./dev/cuda/attention_forward $FWD
 run bwd ./dev/cuda/attention_backward $BWD

@@ -18,15 +18,15 @@ rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
 table = list(csv.DictReader(rows))
 total, by_name = 0.0, {}
 for r in table:
-    try:
-        ns = float(r["gpu__time_duration.sum"])
+    try:  # ncu writes thousands separators ("805,760")
+        ns = float(r["gpu__time_duration.sum"].replace(",", ""))
     except (KeyError, ValueError):
-        continue
-    name = re.sub(r"<.*", "", r["Kernel Name"]).split("(")[0]
+        continue  # the units row
+    name = re.sub(r"<.*", "", re.sub(r"^void ", "", r["Kernel Name"])).split("(")[0]
     n, t = by_name.get(name, (0, 0.0))
     by_name[name] = (n + 1, t + ns)
     total += ns
-print(f"{len(table) - 1} kernels, {total / 1e6:.2f} ms in all (each alone, ncu)")
+print(f"{sum(n for n, _ in by_name.values())} kernels, {total / 1e6:.2f} ms in all (each alone, ncu)")
 for name, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
     print(f"{t / 1e6:9.3f} ms {100 * t / total:5.1f}%  x{n:<4d} {name}")
 EOF

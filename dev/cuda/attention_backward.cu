@@ -49,12 +49,6 @@
 //      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
 //   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
 //      of spill).
-//   14 one kernel (after D): 12's dk/dv loop also multiplies dS by k for dq's share of its 64 keys
-//      (dS^T through shared memory, a fifth wgmma product) and adds it into an fp32 tile per query
-//      tile in a fixed order (key blocks from the diagonal down, a counter per tile; the last writes
-//      dq and discards the tile from L2). No dS tiles in memory, no dq kernel. Head size 64, sm_90a;
-//      else version 10 runs.
-//   15 as 14 held to 168 registers (3 warpgroups per SM).
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -69,7 +63,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 17;
+constexpr int kNumVersions = 13;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -150,8 +144,7 @@ template <typename T> struct Scratch {
     Scratch(const AttnShape& s, bool cublas, bool store_ds = false)
         : D(flash_attention_backward_scratch_bytes(s.B, s.T, s.NH, s.HS) / 4, "D") {
         if (store_ds) {
-            const size_t bytes = std::max(flash_detail::backward_ds_bytes(s.B, s.T, s.NH), flash_detail::backward_fused_bytes(s.B, s.T, s.NH));
-            ds.reset(new DeviceBuffer<uint4>((bytes + 15) / 16, "dS tiles"));
+            ds.reset(new DeviceBuffer<uint4>(flash_detail::backward_ds_bytes(s.B, s.T, s.NH) / sizeof(uint4), "dS tiles"));
             ds->poison();
         }
         if (!cublas) return;
@@ -217,26 +210,6 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
             }
             break;
-        case 16:
-        case 17:
-            ran = version == 16 ? flash_detail::backward_wgmma<3, true>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                                : flash_detail::backward_wgmma<4, true>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
-            if (!ran) {
-                ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
-                if (ran) return "no wgmma path for this HS or GPU, ran v10";
-            }
-            break;
-        case 14:
-        case 15: {
-            const size_t bytes = sc.ds->n * sizeof(uint4);
-            ran = version == 14 ? flash_detail::backward_fused_wgmma<2>(dqkvb, sc.D.ptr, sc.ds->ptr, bytes, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                                : flash_detail::backward_fused_wgmma<3>(dqkvb, sc.D.ptr, sc.ds->ptr, bytes, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
-            if (!ran) {
-                ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
-                if (ran) return "no wgmma path for this HS or GPU, ran v10";
-            }
-            break;
-        }
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }
     if (!ran) {
@@ -337,25 +310,6 @@ bool check_deterministic(const AttnShape& s) {
         printf("  header backward run twice (%s): %s\n", with_ds ? "dS stored" : "dS recomputed", ok ? "bitwise identical" : "DIFFERENT");
         same &= ok;
     }
-    // Versions 14 and 15 (one kernel, dq summed across blocks in a fixed order): twice each, and the
-    // same bits from both (they differ only in register allocation).
-    std::vector<bf16> first;
-    for (int v : {14, 15})
-        for (int run = 0; run < 2; run++) {
-            d1.poison();
-            if (const char* note = run_version<bf16>(v, d1.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc)) {
-                printf("  versions 14 and 15 not compared here (%s)\n", note);
-                return same;
-            }
-            const auto a = d1.download();
-            if (first.empty()) {
-                first = a;
-                continue;
-            }
-            const bool ok = memcmp(a.data(), first.data(), a.size() * sizeof(bf16)) == 0;
-            printf("  version %d run %d against version 14's first run: %s\n", v, run + 1, ok ? "bitwise identical" : "DIFFERENT");
-            same &= ok;
-        }
     return same;
 }
 
@@ -386,12 +340,6 @@ template <typename T> void benchmark(const std::vector<int>& versions, const Att
         const float ms = first > 20.0f ? time_median_ms(run, 1, 3) : time_median_ms(run, 10, 50);
         printf("  %-8d %-6s %12.4f %10.1f%s%s\n", v, dtype_name<T>(), ms, flops / (ms * 1e-3) / 1e12, note ? "  " : "",
                note ? note : "");
-        if (v >= 14 && !note) {  // at full load too: the same bits every run (dq summed across blocks in a fixed order)
-            const auto a = dqkv.download();
-            run();
-            const auto b = dqkv.download();
-            printf("           the same inputs again: %s\n", memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0 ? "bitwise identical" : "DIFFERENT");
-        }
     }
 }
 

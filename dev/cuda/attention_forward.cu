@@ -38,10 +38,6 @@
 //      cores through descriptors (no ldmatrix), P from registers; key tiles of 64. Else version 9 runs.
 //  11  as 10 with key tiles of 128 (half the barriers and running-max updates per key).
 //  12  as 11 with 2 warpgroups per block (128 queries): each k/v tile loaded once for twice the queries.
-//  13  as 11 with each tile's softmax overlapped with the tensor cores inside the warpgroup
-//      (FlashAttention-3's intra-warpgroup pipelining): S_j = q k_j^T and O += P_{j-1} v_{j-1} issued
-//      together, tile j's softmax while the second runs (flash_detail::forward_wgmma_overlap).
-//  14  as 13 with key tiles of 64.
 //
 // FLOPs: 4 * B * NH * T * T * HS / 2, the useful causal work (two matrix products of 2 * HS
 // multiply-adds per (query, key) pair, over the T^2 / 2 causal pairs). Every version is credited with
@@ -56,7 +52,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 14;
+constexpr int kNumVersions = 12;
 
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per query row.
@@ -136,8 +132,6 @@ const char* run_version(int version, T* out, float* lse, const T* qkv, const Att
         case 10: ran = flash_detail::forward_wgmma<1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 11: ran = flash_detail::forward_wgmma<1, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 12: ran = flash_detail::forward_wgmma<2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 13: ran = flash_detail::forward_wgmma_overlap<128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 14: ran = flash_detail::forward_wgmma_overlap<64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }
     if (!ran && version >= 10) {
