@@ -19,8 +19,7 @@ for v in $BWD; do
     run sanitize timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_backward "$v" --no-validate -b 1 -n 2 -t 300
     run sanitize timeout 120 compute-sanitizer --tool racecheck --error-exitcode 1 ./dev/cuda/attention_backward "$v" --no-validate -b 1 -n 2 -t 300
 done
-times=(--clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base)
 for v in $BWD; do
-    run ncu_bwd timeout 100 ncu "${times[@]}" -k "regex:backward" -c 4 ./dev/cuda/attention_backward "$v" --no-validate
+    run ncu_bwd timeout 100 ncu "${ncu_times[@]}" -k "regex:backward" -c 4 ./dev/cuda/attention_backward "$v" --no-validate
 done
 exit $status

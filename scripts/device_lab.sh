@@ -14,6 +14,8 @@ logs=${OUT:-out}/$lab_name
 mkdir -p "$logs"
 rm -f "$logs"/*.log
 PY=${PYTHON:-python3}
+# Nsight Compute, kernel times only, clocks left alone (METHOD.md), one CSV row per kernel.
+ncu_times=(--clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base)
 status=0
 run() {  # run LOG COMMAND...: append to $logs/LOG.log (few files: the device returns at most 8), remember a failure
     local name=$1; shift

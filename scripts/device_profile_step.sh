@@ -9,8 +9,7 @@
 source "$(dirname "$0")/device_lab.sh" profile_step "$@"
 run build make -j16 train_gpt_bf16 dev/cuda/attention_forward dev/cuda/attention_backward
 [[ -f data/tinyshakespeare/tiny_shakespeare_train.bin ]] || run data "$PY" data/prepare_tinyshakespeare.py
-times=(--clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base)
-run step_raw timeout 400 ncu "${times[@]}" --profile-from-start off ./train_gpt_bf16 -b 64 -x 3 -v 0 -s 0 -pf 1
+run step_raw timeout 400 ncu "${ncu_times[@]}" --profile-from-start off ./train_gpt_bf16 -b 64 -x 3 -v 0 -s 0 -pf 1
 run step "$PY" - "$logs/step_raw.log" <<'EOF'
 # Sums ncu's per-kernel times by kernel name (template arguments dropped), largest first.
 import csv, re, sys
@@ -30,6 +29,6 @@ print(f"{sum(n for n, _ in by_name.values())} kernels, {total / 1e6:.2f} ms in a
 for name, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
     print(f"{t / 1e6:9.3f} ms {100 * t / total:5.1f}%  x{n:<4d} {name}")
 EOF
-run attention timeout 200 ncu "${times[@]}" -k "regex:(forward|backward)" -c 8 ./dev/cuda/attention_backward 11 --no-validate
-run attention_fwd timeout 200 ncu "${times[@]}" -k "regex:forward" -c 4 ./dev/cuda/attention_forward 9 11 --no-validate
+run attention timeout 200 ncu "${ncu_times[@]}" -k "regex:(forward|backward)" -c 8 ./dev/cuda/attention_backward 11 --no-validate
+run attention_fwd timeout 200 ncu "${ncu_times[@]}" -k "regex:forward" -c 4 ./dev/cuda/attention_forward 9 11 --no-validate
 exit $status
