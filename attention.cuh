@@ -90,8 +90,7 @@ template <typename T>
 void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const T* A, int lda,
                   long long sa, const T* B, int ldb, long long sb, float beta, T* C, int ldc, long long sc, int batch,
                   cudaStream_t stream) {
-    cublas_check(cublasSetStream(blas().handle, stream));
-    cublas_check(cublasGemmStridedBatchedEx(blas().handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, sa, B,
+    cublas_check(cublasGemmStridedBatchedEx(blas_stream(stream).handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, sa, B,
                                             cuda_data_type<T>(), ldb, sb, &beta, C, cuda_data_type<T>(), ldc, sc, batch,
                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }

@@ -88,12 +88,22 @@ template <> constexpr cudaDataType_t cuda_data_type<__nv_bfloat16>() { return CU
 // Algorithms the heuristic is asked for per plan (the tuning's candidates), and timed runs of each.
 constexpr int kMatmulTuneCandidates = 16, kMatmulTuneReps = 5;
 
+// A stream that runs matmuls, with its own cuBLAS handle and workspace. Matmuls on two streams run
+// at once (train_gpt's weight gradients, -ov), and two kernels must never share a workspace; one
+// stream's matmuls run one after another, so its cuBLAS and cuBLASLt calls share one.
+struct BlasStream {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t handle = nullptr;
+    void* workspace = nullptr;
+};
+
 // One set of handles per process, made by blas_init() before the first matmul.
 struct BlasContext {
-    cublasHandle_t handle = nullptr;
+    cublasHandle_t handle = nullptr;  // the default stream's (streams[0])
     cublasLtHandle_t lt = nullptr;
-    void* workspace = nullptr;
+    void* workspace = nullptr;        // the default stream's
     size_t workspace_bytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
+    std::vector<BlasStream> streams;  // the default stream first, then any other that ran a matmul
     // Vectors of ones (fp32 and bf16, so one process can run both precisions, as the lab does), for dbias.
     float* ones_f32 = nullptr;
     __nv_bfloat16* ones_bf16 = nullptr;
@@ -110,6 +120,24 @@ inline BlasContext& blas() {
     static BlasContext ctx;
     return ctx;
 }
+// The handle and workspace of `stream`, made on its first matmul. The stream is bound to the handle
+// once: cublasSetStream also resets the handle's workspace to cuBLAS's own pool (cuBLAS
+// documentation), so it is followed by cublasSetWorkspace here and not called per matmul.
+inline const BlasStream& blas_stream(cudaStream_t stream) {
+    BlasContext& b = blas();
+    for (const BlasStream& s : b.streams)
+        if (s.stream == stream) return s;
+    BlasStream s;
+    s.stream = stream;
+    cublas_check(cublasCreate(&s.handle));
+    cublas_check(cublasSetMathMode(s.handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 inputs
+    cublas_check(cublasSetStream(s.handle, stream));
+    s.workspace = device_malloc(b.workspace_bytes, "cuBLAS workspace");
+    cublas_check(cublasSetWorkspace(s.handle, s.workspace, b.workspace_bytes));
+    b.streams.push_back(s);
+    return b.streams.back();
+}
+
 template <typename T> const T* blas_ones();
 template <> inline const float* blas_ones<float>() { return blas().ones_f32; }
 template <> inline const __nv_bfloat16* blas_ones<__nv_bfloat16>() { return blas().ones_bf16; }
@@ -122,11 +150,9 @@ template <typename T> __global__ void fill_ones_kernel(T* x, size_t n) {
 // max_rows: the largest N any matmul_backward will see (sizes the ones vectors).
 inline void blas_init(size_t max_rows) {
     BlasContext& b = blas();
-    cublas_check(cublasCreate(&b.handle));
-    cublas_check(cublasSetMathMode(b.handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 inputs
     cublas_check(cublasLtCreate(&b.lt));
-    b.workspace = device_malloc(b.workspace_bytes, "cuBLAS workspace");
-    cublas_check(cublasSetWorkspace(b.handle, b.workspace, b.workspace_bytes));
+    const BlasStream& main = blas_stream(0);
+    b.handle = main.handle, b.workspace = main.workspace;
     b.hash = static_cast<unsigned long long*>(device_malloc(sizeof(unsigned long long), "matmul tuning hash"));
     b.ones_count = std::max<size_t>(max_rows, 1);
     b.ones_f32 = static_cast<float*>(device_malloc(b.ones_count * sizeof(float), "matmul ones vector"));
@@ -139,9 +165,11 @@ inline void blas_init(size_t max_rows) {
 
 inline void blas_destroy() {
     BlasContext& b = blas();
-    if (b.handle) cublas_check(cublasDestroy(b.handle));
+    for (BlasStream& s : b.streams) {
+        cublas_check(cublasDestroy(s.handle));
+        cuda_check(cudaFree(s.workspace));
+    }
     if (b.lt) cublas_check(cublasLtDestroy(b.lt));
-    if (b.workspace) cuda_check(cudaFree(b.workspace));
     if (b.hash) cuda_check(cudaFree(b.hash));
     if (b.ones_f32) cuda_check(cudaFree(b.ones_f32));
     if (b.ones_bf16) cuda_check(cudaFree(b.ones_bf16));
@@ -224,8 +252,7 @@ template <typename T> __global__ void add_bias_kernel(T* out, const T* bias, siz
 template <typename T>
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const T* A, int lda, const T* B,
           int ldb, float beta, T* C, int ldc, cudaStream_t stream) {
-    cublas_check(cublasSetStream(blas().handle, stream));
-    cublas_check(cublasGemmEx(blas().handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, B, cuda_data_type<T>(),
+    cublas_check(cublasGemmEx(blas_stream(stream).handle, ta, tb, m, n, k, &alpha, A, cuda_data_type<T>(), lda, B, cuda_data_type<T>(),
                               ldb, &beta, C, cuda_data_type<T>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -400,6 +427,7 @@ template <typename T>
 bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const T* A, const T* B, T* D,
                const T* bias, const T* aux, cudaStream_t stream, const T* C = nullptr) {
     BlasContext& b = blas();
+    void* workspace = blas_stream(stream).workspace;
     MatmulPlan& plan = matmul_plan<T>(ta, m, n, k, ep, A, B, D, bias, aux, C);
     if (!plan.has_algo) return false;
     if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -408,7 +436,7 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
     const T* c_in = C ? C : D;  // beta = 0: cuBLASLt does not read C
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, c_in, plan.d, D,
-                                                     plan.d, &algo, b.workspace, b.workspace_bytes, stream);
+                                                     plan.d, &algo, workspace, b.workspace_bytes, stream);
         if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
         return status == CUBLAS_STATUS_SUCCESS;
     };
@@ -444,7 +472,8 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
     if (pre_gelu) gelu_forward(out, pre_gelu, count, stream);
 }
 
-// dinp may be null (not needed), dbias may be null (no bias). pre_gelu (optional, (N, C)): the
+// dinp, dweight and dbias may each be null (not needed, no bias): train_gpt asks for dinp in one
+// call and for the weight gradients in another, on a second stream (-ov). pre_gelu (optional, (N, C)): the
 // forward's pre-activation of `inp` = gelu(pre_gelu); dinp then leaves as the gradient of pre_gelu.
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C, int OC,
@@ -460,7 +489,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
             if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, stream);
         }
     }
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
+    if (dweight) gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
     if (dbias) {
         if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
         gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias,
