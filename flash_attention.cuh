@@ -1231,183 +1231,18 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #endif
 }
 
-// Named barrier 1 between two warpgroups (256 threads): the producer arrives without waiting, the
-// consumer waits until the producer's earlier shared-memory writes are visible (barrier 0 is
-// __syncthreads).
-__device__ __forceinline__ void named_barrier_arrive256() { asm volatile("bar.arrive 1, 256;\n" ::: "memory"); }
-__device__ __forceinline__ void named_barrier_sync256() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-
-// backward_dkdv_wgmma_kernel's work for 64 keys split between two warpgroups by product: warpgroup 0
-// computes s^T = k q^T and P^T, hands P^T (fp32) to warpgroup 1 through shared memory, then
-// accumulates dv += P^T dO; warpgroup 1 computes dP^T = v dO^T meanwhile, then dS^T = P^T (dP^T - D)
-// (stored for the dq pass) and dk += dS^T q. Each warpgroup holds one accumulator and one tile of
-// scores (~100 registers, not 168), so neither serializes its wgmma (ptxas C7512 on the one-warpgroup
-// kernel) and two or three blocks (4 or 6 warpgroups) fit an SM. The same arithmetic in the same
-// order as backward_dkdv_wgmma_kernel, so the same bits; the cost is P^T's round trip through
-// shared memory (16 KB per tile) and a named barrier per tile.
-template <int MIN_BLOCKS>
-__global__ void __launch_bounds__(256, MIN_BLOCKS)
-    backward_dkdv_wgmma_split_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum,
-                                     const bf16* qkv, int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
-    constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 256, TILE = 64 * 64;
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
-    bf16* sK = reinterpret_cast<bf16*>(smem);  // BK x 64
-    bf16* sV = sK + TILE;                      // BK x 64
-    bf16* sQ = sV + TILE;                      // 2 x BQ x 64
-    bf16* sO = sQ + 2 * TILE;                  // 2 x BQ x 64 (dO)
-    float* sL = reinterpret_cast<float*>(sO + 2 * TILE);  // 2 x BQ (lse)
-    float* sD = sL + 2 * BQ;                              // 2 x BQ (D)
-    float4* sP = reinterpret_cast<float4*>(sD + 2 * BQ);  // P^T, 8 float4 per thread of a warpgroup
-
-    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // early key blocks (most work) first
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const int C = NH * HS, warp = tid / 32, lane = tid % 32, g = lane / 4, c4 = lane % 4;
-    const size_t stride = 3 * size_t(C);
-    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
-    const bf16* k_src = q_src + C;
-    const bf16* v_src = q_src + 2 * C;
-    const bf16* o_src = dout + size_t(b) * T * C + h * HS;
-    const float* l_src = lse + (size_t(b) * NH + h) * T;
-    const float* d_src = Dsum + (size_t(b) * NH + h) * T;
-    const int kblk0 = kb * BK, wk0 = kblk0 + warp * 16;  // this warp's first key (both warpgroups: the same keys)
-    const int qt0 = kb, n_qt = (T + BQ - 1) / BQ;
-    const float sl2 = scale * kLog2e;
-
-    auto load_query_tile = [&](int qt, int st) {
-        load_rows_sw128_async<THREADS>(sQ + st * TILE, q_src, stride, qt * BQ, BQ, T);
-        load_rows_sw128_async<THREADS>(sO + st * TILE, o_src, size_t(C), qt * BQ, BQ, T);
-        load_floats_async<THREADS>(sL + st * BQ, l_src, qt * BQ, BQ, T);
-        load_floats_async<THREADS>(sD + st * BQ, d_src, qt * BQ, BQ, T);
-    };
-    load_rows_sw128_async<THREADS>(sK, k_src, stride, kblk0, BK, T);
-    load_rows_sw128_async<THREADS>(sV, v_src, stride, kblk0, BK, T);
-    load_query_tile(qt0, 0);
-    cp_async_commit();
-
-    const uint64_t kv_desc = sw128_desc(wg == 0 ? sK : sV, 16, 1024);  // s^T = k q^T, dP^T = v dO^T
-    float acc[HS / 2];  // warpgroup 0: dv; 1: dk
-#pragma unroll
-    for (int i = 0; i < HS / 2; i++) acc[i] = 0.0f;
-
-    for (int qt = qt0; qt < n_qt; qt++) {
-        cp_async_wait_all();
-        fence_proxy_async_smem();
-        __syncthreads();  // tile qt is in; both warpgroups are done with tile qt - 1 (its stage and sP)
-        const int st = (qt - qt0) & 1;
-        if (qt + 1 < n_qt) {
-            load_query_tile(qt + 1, st ^ 1);
-            cp_async_commit();
-        }
-        const int q0 = qt * BQ;
-        const uint64_t q_desc = sw128_desc(sQ + st * TILE, 16, 1024), o_desc = sw128_desc(sO + st * TILE, 16, 1024);
-        const uint64_t q_desc_mn = sw128_desc(sQ + st * TILE, BQ * 128, 1024), o_desc_mn = sw128_desc(sO + st * TILE, BQ * 128, 1024);
-        // s[4 nt + e] (s^T, P^T, dP^T, dS^T alike): key wk0 + g + 8 (e / 2), query q0 + 8 nt + 2 c4 + e % 2.
-        float s[BQ / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) wgmma_m64n64k16_ss(s, kv_desc + 2 * ks, (wg == 0 ? q_desc : o_desc) + 2 * ks, ks);
-        wgmma_commit();
-        wgmma_wait<0>();
-        keep_regs(s);
-        uint32_t pa[BQ / 16][4];
-        if (wg == 0) {
-            // P^T from the saved lse. Masked: query before key, or past T.
-            const float* cL = sL + st * BQ;
-            const bool mask = q0 < wk0 + 15 || q0 + BQ > T;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + g + (e >> 1) * 8, query = q0 + qi;
-                    float p = exp2_ftz(fmaf(s[4 * nt + e], sl2, -cL[qi] * kLog2e));
-                    if (mask && (query < key || query >= T)) p = 0.0f;
-                    s[4 * nt + e] = p;
-                }
-#pragma unroll
-            for (int i = 0; i < BQ / 8; i++) sP[i * 128 + tid] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-            named_barrier_arrive256();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) {
-                pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-            }
-        } else {
-            // dS^T = P^T * (dP^T - D), stored for the dq pass
-            const float* cD = sD + st * BQ;
-            named_barrier_sync256();
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const float4 p = sP[nt * 128 + tid];
-                const float pv[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[4 * nt + e] = pv[e] * (s[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
-            }
-            uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) {
-                pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-                // pa[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
-                tile[(kk * (BK / 16) + warp) * 32 + lane] =
-                    make_uint4(transpose8x8(pa[kk][0]), transpose8x8(pa[kk][2]), transpose8x8(pa[kk][1]), transpose8x8(pa[kk][3]));
-            }
-        }
-        // warpgroup 0: dv += P^T dO; 1: dk += dS^T q
-        const uint64_t b_desc_mn = wg == 0 ? o_desc_mn : q_desc_mn;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(acc, pa[kk], b_desc_mn + kk * (16 * 128 / 16));
-        wgmma_commit();
-        wgmma_wait<0>();  // before the next barrier: the stage these read is refilled after it
-        keep_regs(acc);
-        keep_regs(pa);
-    }
-
-    // warpgroup 0 writes dv, 1 writes dk (times the softmax scale)
-    const int col0 = C + (wg == 0 ? C : 0) + h * HS + 2 * c4;
-    const float out_scale = wg == 0 ? 1.0f : scale;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int key = wk0 + g + hf * 8;
-        if (key >= T) continue;
-        bf16* dst = dqkv + (size_t(b) * T + key) * stride + col0;
-#pragma unroll
-        for (int dt = 0; dt < HS / 8; dt++)
-            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                __floats2bfloat162_rn(acc[4 * dt + hf * 2] * out_scale, acc[4 * dt + hf * 2 + 1] * out_scale);
-    }
-#else
-    __trap();  // built without sm_90a: backward_wgmma never launches it (wgmma_available)
-#endif
-}
-
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-// SPLIT: the two-warpgroup key side (backward_dkdv_wgmma_split_kernel), else the one-warpgroup one.
-template <int MIN_BLOCKS, bool SPLIT = false>
+template <int MIN_BLOCKS>
 bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
                            int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
     launch_backward_dot<64>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / 8.0f;
-    const dim3 grid((T + 63) / 64, NH, B);
-    if constexpr (SPLIT) {
-        const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 128 * 8 * sizeof(float4) + 1024;
-        static bool configured = false;
-        if (!configured) allow_smem(backward_dkdv_wgmma_split_kernel<MIN_BLOCKS>, smem), configured = true;
-        backward_dkdv_wgmma_split_kernel<MIN_BLOCKS><<<grid, 256, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
-    } else {
-        const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
-        static bool configured = false;
-        if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
-        backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<grid, 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
-    }
+    const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
+    static bool configured = false;
+    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
+    backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
     const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
     backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
