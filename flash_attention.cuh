@@ -72,8 +72,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool val
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// Until at most N of this thread's most recent commit groups are still in flight.
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1034,96 +1032,6 @@ __global__ void __launch_bounds__(kDsTile * 2)
     }
 }
 
-// backward_dq_from_ds_kernel with a deeper pipeline: each key tile j's k rows and dS tile go through
-// one of STAGES shared-memory stages by cp.async, STAGES - 1 tiles ahead of the MMAs, instead of dS
-// one tile ahead in registers. Reading dS bounds this kernel, and one 8 KB tile in flight per block
-// (5 blocks per SM at 93 registers) left HBM at ~2.25 TB/s (stop 16's profile); here a block keeps
-// STAGES - 1 tiles in flight and, with the prefetch registers gone, needs fewer registers. The same
-// products in the same order as the register version: the same bits.
-template <int HS, int STAGES>
-__global__ void __launch_bounds__(kDsTile * 2)
-    backward_dq_from_ds_staged_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
-    constexpr int BQ = kDsTile, BK = kDsTile, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = kDsTile * 2;
-    constexpr int K_BYTES = BK * LD * int(sizeof(bf16)), STAGE_BYTES = K_BYTES + kDsTileVecs * int(sizeof(uint4));
-    static_assert(K_BYTES % 16 == 0, "dS stage alignment");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    auto stage_k = [&](int j) { return reinterpret_cast<bf16*>(smem_raw + (j % STAGES) * STAGE_BYTES); };
-    auto stage_ds = [&](int j) { return reinterpret_cast<uint4*>(smem_raw + (j % STAGES) * STAGE_BYTES + K_BYTES); };
-
-    const int n_qt = gridDim.x, qt = n_qt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest first
-    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
-    const size_t stride = 3 * size_t(C);
-    const bf16* k_src = qkv + size_t(b) * T * stride + C + h * HS;
-    const uint4* tiles = ds + ds_tile_index(b, h, NH, n_qt, qt, 0) * kDsTileVecs;  // key tile j at + j kDsTileVecs
-
-    // One commit group per tile (empty past the last), so "tile j has landed" is a fixed group count.
-    auto load_tile = [&](int j) {
-        if (j <= qt) {
-            load_rows_async<HS, LD, THREADS>(stage_k(j), k_src, stride, j * BK, BK, T);
-            for (int i = threadIdx.x; i < kDsTileVecs; i += THREADS)
-                cp_async16(stage_ds(j) + i, tiles + size_t(j) * kDsTileVecs + i, true);
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int j = 0; j < STAGES - 1; j++) load_tile(j);
-    float dq[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-
-    for (int j = 0; j <= qt; j++) {
-        cp_async_wait<STAGES - 2>();  // this thread's copies of tile j have landed
-        __syncthreads();              // everyone's have, and everyone is done with tile j - 1's stage
-        load_tile(j + STAGES - 1);    // into tile j - 1's stage
-        const bf16* cK = stage_k(j);
-        const uint4* frag = stage_ds(j) + warp * KSTEPS * 32 + lane;  // + ks 32: key step ks
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
-            if (j == qt && ks > warp) break;  // on the diagonal tile these keys are after all this warp's queries: dS = 0
-            const uint4 f = frag[ks * 32];
-            const uint32_t a[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-            for (int dpair = 0; dpair < DT / 2; dpair++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cK, LD, ks * 16, dpair * 16);
-                mma_bf16(dq[2 * dpair], a, bb[0], bb[1]);
-                mma_bf16(dq[2 * dpair + 1], a, bb[2], bb[3]);
-            }
-        }
-    }
-    cp_async_wait_all();  // no copy outlives the block (the groups past qt are empty)
-
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int row = qt * BQ + warp * 16 + g + hf * 8;
-        if (row >= T) continue;
-        bf16* dst = dqkv + (size_t(b) * T + row) * stride + h * HS + 2 * c4;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                __floats2bfloat162_rn(dq[dt][hf * 2] * scale, dq[dt][hf * 2 + 1] * scale);
-    }
-}
-
-// dq from the stored dS tiles: the register-prefetch kernel (DQ_STAGES 0) or the staged one.
-template <int HS, int DQ_STAGES>
-void launch_backward_dq_from_ds(bf16* dqkv, const uint4* ds, const bf16* qkv, int B, int T, int NH, float scale,
-                                cudaStream_t stream) {
-    const dim3 grid((T + kDsTile - 1) / kDsTile, NH, B);
-    if constexpr (DQ_STAGES == 0) {
-        const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
-        backward_dq_from_ds_kernel<HS><<<grid, kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T, NH, scale);
-    } else {
-        static_assert(DQ_STAGES >= 2, "a staged pipeline needs 2 or more stages");
-        const size_t smem = size_t(DQ_STAGES) * (kDsTile * (HS + 8) * sizeof(bf16) + kDsTileVecs * sizeof(uint4));
-        auto kernel = backward_dq_from_ds_staged_kernel<HS, DQ_STAGES>;
-        static bool configured = false;
-        if (!configured) allow_smem(kernel, smem), configured = true;
-        kernel<<<grid, kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T, NH, scale);
-    }
-    cuda_check_launch();
-}
-
 template <int HS>
 void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, cudaStream_t stream) {
     constexpr int VECS = HS / 8, LANES = VECS <= 8 ? 8 : VECS <= 16 ? 16 : 32;
@@ -1325,7 +1233,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-template <int MIN_BLOCKS, int DQ_STAGES = 0>
+template <int MIN_BLOCKS>
 bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
                            int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
@@ -1336,7 +1244,10 @@ bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf1
     if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
     backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
-    launch_backward_dq_from_ds<64, DQ_STAGES>(dqkv, ds, qkv, B, T, NH, scale, stream);
+    const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
+    backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
+                                                                                                             scale);
+    cuda_check_launch();
     return true;
 }
 

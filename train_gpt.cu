@@ -351,7 +351,7 @@ struct GPT {
     bool overlap = false;
     cudaStream_t wgrad_stream = nullptr;
     cudaEvent_t wgrad_fork = nullptr;
-    cudaEvent_t wgrad_done[5] = {};
+    cudaEvent_t wgrad_done[4] = {};
     floatX* dqkv = nullptr;         // (B, T, 3C) gradient of qkv: acts.dbig, or with -ov 1 a buffer of its own
     floatX* dqkv_memory = nullptr;  // (the logits' tail where it fits, else this allocation)
     StepStats* step = nullptr;  // (1) the current step's loss sum and squared gradient norm
@@ -589,44 +589,6 @@ inline Profiler& profiler() {
     return p;
 }
 
-// The weight stream (-ov 1). Each linear layer's backward is two calls: dinp on the default stream,
-// the chain every later kernel waits for, and dweight (+ dbias) on the weight stream, which nothing
-// in the backward waits for. They are independent, so the GPU runs them side by side: a weight
-// gradient's GEMM fills the SMs that a LayerNorm, the attention backward or the tail of a dinp GEMM
-// leaves idle. Every kernel computes what it computes alone (no atomics between them, cuBLAS has a
-// workspace per stream), so the gradients are the same bits as with -ov 0 (test_gpt checks it).
-//   wgrad_fork:  the weight stream's next work comes after all the default stream has enqueued.
-//   wgrad_mark:  a point on the weight stream, after its reads of some buffer;
-//   wgrad_wait:  the default stream waits for that point before it rewrites the buffer.
-// Without -ov 1 all three do nothing and the weight gradients run in line on the default stream.
-enum WgradPoint { kReadMlpDresidual, kReadDbig, kReadAttnDresidual, kReadDqkv, kReadLogits };
-inline cudaStream_t wgrad_fork(GPT& m) {
-    if (!m.overlap) return 0;
-    cuda_check(cudaEventRecord(m.wgrad_fork, 0));
-    cuda_check(cudaStreamWaitEvent(m.wgrad_stream, m.wgrad_fork, 0));
-    return m.wgrad_stream;
-}
-inline void wgrad_mark(GPT& m, WgradPoint point) {
-    if (m.overlap) cuda_check(cudaEventRecord(m.wgrad_done[point], m.wgrad_stream));
-}
-inline void wgrad_wait(GPT& m, WgradPoint point) {
-    if (m.overlap) cuda_check(cudaStreamWaitEvent(0, m.wgrad_done[point], 0));
-}
-
-// One linear layer's backward: dinp on the default stream, then dweight (+ dbias) on the weight
-// stream, which marks `point` once it has read dout and inp. The fork comes first, so the weight
-// gradients wait for dout only, not for dinp; dinp is enqueued first, so the GPU's block scheduler
-// serves the chain's kernel before the weight stream's. (Enqueueing the weight gradients first
-// measured a little slower: 574,280 against 579,943 tok/s at B=64, median of 3 runs each.)
-template <typename T>
-void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
-                     int OC, const T* pre_gelu, WgradPoint point) {
-    const cudaStream_t ws = wgrad_fork(m);
-    matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, pre_gelu, 0);
-    matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, nullptr, ws);
-    wgrad_mark(m, point);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Forward. With `dloss` != 0 the classifier also turns the logits into dlogits (scaled by dloss, the
 // weight of each position's loss in the step's mean loss) and the LM head's backward runs at once:
@@ -703,12 +665,6 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         fused_classifier(a.logits, s.losses + r0, m.targets + r0, dloss, rows, c.V, c.Vp);
         if (dloss == 0.0f) continue;
         prof.mark("bwd.matmul");  // the LM head's backward, counted with the backward's matmuls
-        static const bool lm_wgrad = getenv("GPT_LMHEAD_WGRAD") && atoi(getenv("GPT_LMHEAD_WGRAD")) == 1;
-        if (lm_wgrad) {
-            linear_backward(m, a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, a.logits, a.lnf + size_t(r0) * C,
-                            p.wte, rows, C, c.Vp, (const floatX*)nullptr, kReadLogits);
-            if (r0 + rows < BT) wgrad_wait(m, kReadLogits);
-        } else
         matmul_backward(a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, a.logits, a.lnf + size_t(r0) * C, p.wte,
                         rows, C, c.Vp);
     }
@@ -753,6 +709,44 @@ inline float gpt_mean_loss(GPT& m, int B, int T) {
 inline void gpt_zero_grad(GPT& m) {
     cuda_check(cudaMemsetAsync(m.grads_memory, 0, m.num_params * sizeof(floatX)));
     cuda_check(cudaMemsetAsync(m.step, 0, sizeof(StepStats)));
+}
+
+// The weight stream (-ov 1). Each linear layer's backward is two calls: dinp on the default stream,
+// the chain every later kernel waits for, and dweight (+ dbias) on the weight stream, which nothing
+// in the backward waits for. They are independent, so the GPU runs them side by side: a weight
+// gradient's GEMM fills the SMs that a LayerNorm, the attention backward or the tail of a dinp GEMM
+// leaves idle. Every kernel computes what it computes alone (no atomics between them, cuBLAS has a
+// workspace per stream), so the gradients are the same bits as with -ov 0 (test_gpt checks it).
+//   wgrad_fork:  the weight stream's next work comes after all the default stream has enqueued.
+//   wgrad_mark:  a point on the weight stream, after its reads of some buffer;
+//   wgrad_wait:  the default stream waits for that point before it rewrites the buffer.
+// Without -ov 1 all three do nothing and the weight gradients run in line on the default stream.
+enum WgradPoint { kReadMlpDresidual, kReadDbig, kReadAttnDresidual, kReadDqkv };
+inline cudaStream_t wgrad_fork(GPT& m) {
+    if (!m.overlap) return 0;
+    cuda_check(cudaEventRecord(m.wgrad_fork, 0));
+    cuda_check(cudaStreamWaitEvent(m.wgrad_stream, m.wgrad_fork, 0));
+    return m.wgrad_stream;
+}
+inline void wgrad_mark(GPT& m, WgradPoint point) {
+    if (m.overlap) cuda_check(cudaEventRecord(m.wgrad_done[point], m.wgrad_stream));
+}
+inline void wgrad_wait(GPT& m, WgradPoint point) {
+    if (m.overlap) cuda_check(cudaStreamWaitEvent(0, m.wgrad_done[point], 0));
+}
+
+// One linear layer's backward: dinp on the default stream, then dweight (+ dbias) on the weight
+// stream, which marks `point` once it has read dout and inp. The fork comes first, so the weight
+// gradients wait for dout only, not for dinp; dinp is enqueued first, so the GPU's block scheduler
+// serves the chain's kernel before the weight stream's. (Enqueueing the weight gradients first
+// measured a little slower: 574,280 against 579,943 tok/s at B=64, median of 3 runs each.)
+template <typename T>
+void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
+                     int OC, const T* pre_gelu, WgradPoint point) {
+    const cudaStream_t ws = wgrad_fork(m);
+    matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, pre_gelu, 0);
+    matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, nullptr, ws);
+    wgrad_mark(m, point);
 }
 
 // Backward of the last forward (which must have had targets and a dloss). Gradients accumulate (+=)
@@ -818,7 +812,6 @@ inline void gpt_backward(GPT& m, int B, int T) {
                         BT, C, C, none, kReadAttnDresidual);
         prof.mark("bwd.attention");
         wgrad_wait(m, kReadDqkv);  // the layer above's qkv weight gradients read m.dqkv
-        wgrad_wait(m, kReadLogits);
 #if !defined(ENABLE_FP32)
         if (m.flash)
             flash_attention_backward(m.dqkv, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
