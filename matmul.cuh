@@ -398,13 +398,9 @@ void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t
     cuda_check(cudaEventCreate(&stop));
     float best_ms = INFINITY;
     size_t best = 0;
-    static const int hot_rounds = getenv("GPT_TUNE_ROUNDS") ? atoi(getenv("GPT_TUNE_ROUNDS")) : 0;  // experiment
-    std::vector<size_t> same;  // candidates with the first choice's bits
     for (size_t i = 0; i < plan.candidates.size(); i++) {
         if (!run(plan.candidates[i])) continue;  // warm-up, and the output to compare
         if (hash_bits(D, elements, stream) != want || (aux_out && hash_bits(aux_out, elements, stream) != want_aux)) continue;
-        same.push_back(i);
-        if (hot_rounds > 0) continue;
         float ms[kMatmulTuneReps];
         for (int r = 0; r < kMatmulTuneReps; r++) {
             cuda_check(cudaEventRecord(start, stream));
@@ -415,25 +411,6 @@ void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t
         }
         std::sort(ms, ms + kMatmulTuneReps);
         if (ms[kMatmulTuneReps / 2] < best_ms) best_ms = ms[kMatmulTuneReps / 2], best = i;
-    }
-    if (hot_rounds > 0 && same.size() > 1) {  // round robin, back to back: every candidate timed in the same heat
-        std::vector<cudaEvent_t> ev(2 * same.size() * hot_rounds);
-        for (cudaEvent_t& e : ev) cuda_check(cudaEventCreate(&e));
-        for (int r = 0; r < hot_rounds; r++)
-            for (size_t c = 0; c < same.size(); c++) {
-                cuda_check(cudaEventRecord(ev[2 * (r * same.size() + c)], stream));
-                run(plan.candidates[same[c]]);
-                cuda_check(cudaEventRecord(ev[2 * (r * same.size() + c) + 1], stream));
-            }
-        cuda_check(cudaStreamSynchronize(stream));
-        for (size_t c = 0; c < same.size(); c++) {
-            std::vector<float> ms(hot_rounds);
-            for (int r = 0; r < hot_rounds; r++)
-                cuda_check(cudaEventElapsedTime(&ms[r], ev[2 * (r * same.size() + c)], ev[2 * (r * same.size() + c) + 1]));
-            std::sort(ms.begin(), ms.end());
-            if (ms[hot_rounds / 2] < best_ms) best_ms = ms[hot_rounds / 2], best = same[c];
-        }
-        for (cudaEvent_t& e : ev) cuda_check(cudaEventDestroy(e));
     }
     cuda_check(cudaEventDestroy(start));
     cuda_check(cudaEventDestroy(stop));
