@@ -27,10 +27,13 @@
 #           their benchmarks with and without the fused bias gradients; B=64 training with the side
 #           stream off and on (-ov 0/1/0/1; the 20 losses must match bit for bit), the breakdown of each.
 #   PART=8  stop 14's checks: test/test_gpt.sh, the unit tests, test/test_resume.sh (batches staged
-#           across steps), test/test_train_cli.sh, every lab's --check.
+#           across steps), test/test_train_cli.sh (every lab's --check: PART=9; together they ran past
+#           the 600 s a device call may take).
+#   PART=9  every lab's --check; then B=64 training with the weight stream off and on (-ov 0 / 1, two
+#           rounds, scripts/device_flag_ab.sh: the losses must be the same bits).
 set -u
 PART=${PART:-1}
-[[ $PART == [12345678] ]] || { echo "error: PART must be 1 to 8, got '$PART'" >&2; exit 1; }
+[[ $PART == [123456789] ]] || { echo "error: PART must be 1 to 9, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -144,12 +147,15 @@ elif [[ $PART == 7 ]]; then
     done
 elif [[ $PART == 8 ]]; then
     step test_gpt bash test/test_gpt.sh
-    grep -E "overlap|determinism" "$log/test_gpt.log" | sort | uniq -c
+    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
     step unit_tests bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
     step test_resume bash test/test_resume.sh
     step test_train_cli bash test/test_train_cli.sh
-    step lab_check bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | tr " " "\n" | grep dev/cuda/); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+elif [[ $PART == 9 ]]; then
+    lab_check
     grep -E "^=== |passed, " "$log/lab_check.log"
+    prepare
+    OUT="$log" FLAGSETS="-ov 0;-ov 1" ROUNDS=2 STEPS=20 BATCHES=64 timeout 200 bash scripts/device_flag_ab.sh 2>&1 | grep -E "^B=|^breakdown"
 elif [[ $PART == 3 ]]; then
     lab_check
     OUT="$log" FWD_VERSIONS=5 BWD_VERSIONS=8 timeout 300 bash scripts/device_layernorm.sh > "$log/layernorm.log" 2>&1
