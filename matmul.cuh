@@ -69,7 +69,10 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <chrono>
+#include <cstring>
 #include <map>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -115,6 +118,14 @@ struct BlasContext {
     // the heuristic's first choice. hash: one device word for it.
     size_t tuned_plans = 0, tuned_changed = 0;
     unsigned long long* hash = nullptr;
+    // tune_wide: each plan's candidates also include the configurations around the heuristic's
+    // (matmul_config_space, at most tune_wide_max), screened for tune_wide_seconds at most per plan.
+    // tune_log: one line per tuned plan (what was tried, what it took), for the lab and train_gpt -tw;
+    // tune_print: also printed as each plan is tuned.
+    bool tune_wide = false, tune_print = false;
+    size_t tune_wide_max = 3000;
+    double tune_wide_seconds = 3.0;
+    std::vector<std::string> tune_log;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
@@ -131,7 +142,7 @@ inline const BlasStream& blas_stream(cudaStream_t stream) {
     s.stream = stream;
     cublas_check(cublasCreate(&s.handle));
     cublas_check(cublasSetMathMode(s.handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 inputs
-    cublas_check(cublasSetStream(s.handle, stream));
+    cublas_check(cublasSetStream(s.handle, api_stream(stream)));
     s.workspace = device_malloc(b.workspace_bytes, "cuBLAS workspace");
     cublas_check(cublasSetWorkspace(s.handle, s.workspace, b.workspace_bytes));
     b.streams.push_back(s);
@@ -281,8 +292,98 @@ struct MatmulPlan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo;
     bool has_algo = false;
-    std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's list, first choice first (until tuned)
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's list, first choice first (until tuned),
+    size_t heuristic_count = 0;                    // then, with tune_wide, the rest of the configuration space
+    int m = 0, n = 0, k = 0;                       // for the tuning log
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
 };
+
+// What an algorithm is, in cuBLASLt's own words (its configuration attributes).
+inline std::string matmul_algo_name(const cublasLtMatmulAlgo_t& algo) {
+    int32_t id = 0, splitk = 0;
+    uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0, custom = 0;
+    uint16_t cluster = 0;
+    size_t w = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction, sizeof(reduction), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
+    char buf[128];
+    snprintf(buf, sizeof(buf), "id %d tile %u stages %u splitk %d red %u swz %u cust %u cluster %u", id, tile, stages,
+             splitk, reduction, swizzle, custom, (unsigned)cluster);
+    return buf;
+}
+
+// The configurations around the heuristic's list (tune_wide). On the H100 its candidates for a GPT-2
+// shape differ in tile, cluster shape and custom option (cuBLASLt's undocumented per-kernel knob) and
+// are ranked by a model of the GPU, not by measurement (dev/cuda/matmul.cu, version 3). For each of
+// them, in its order: (1) its tile and stages with every custom option, cluster shape up to 4 CTAs
+// and CTA swizzle; (2) every tile its algorithm lists, with its stages, custom option and cluster,
+// both swizzles. All with split-K 1: K summed in one order, as the forward's and dinp's first choices
+// do (only their bits may be kept). Kept where cublasLtMatmulAlgoCheck accepts the configuration for
+// this plan within the workspace and it is not listed already; at most max_count in all.
+inline void matmul_config_space(std::vector<cublasLtMatmulAlgo_t>& out, cublasLtMatmulDesc_t desc,
+                                cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
+                                size_t max_count) {
+    BlasContext& bc = blas();
+    const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_1x4x1};
+    auto add = [&](cublasLtMatmulAlgo_t c, uint32_t tile, uint32_t custom, uint16_t cluster, uint32_t swizzle) {
+        if (out.size() >= max_count) return;
+        const int32_t splitk = 1;
+        const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile)) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk)) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction, sizeof(no_reduction)) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle)) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom)) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster)))
+            return;
+        cublasLtMatmulHeuristicResult_t r;
+        if (cublasLtMatmulAlgoCheck(bc.lt, desc, a, b, d, d, &c, &r) != CUBLAS_STATUS_SUCCESS || r.workspaceSize > bc.workspace_bytes)
+            return;
+        for (const cublasLtMatmulAlgo_t& y : out)
+            if (std::memcmp(&c, &y, sizeof(c)) == 0) return;
+        out.push_back(c);
+    };
+    const std::vector<cublasLtMatmulAlgo_t> seeds = out;
+    for (int ring = 1; ring <= 2; ring++)
+        for (const cublasLtMatmulAlgo_t& seed : seeds) {
+            uint32_t tile = 0, custom = 0, swizzle_support = 0;
+            uint16_t cluster = 0;
+            int32_t custom_max = 0;
+            size_t w = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(&seed, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+            cublasLtMatmulAlgoConfigGetAttribute(&seed, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &w);
+            cublasLtMatmulAlgoConfigGetAttribute(&seed, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
+            cublasLtMatmulAlgoCapGetAttribute(&seed, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swizzle_support,
+                                              sizeof(swizzle_support), &w);
+            cublasLtMatmulAlgoCapGetAttribute(&seed, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max, sizeof(custom_max), &w);
+            const uint32_t swizzles = swizzle_support ? 2 : 1;
+            if (ring == 1) {
+                for (uint32_t o = 0; o <= (uint32_t)std::max(0, std::min(custom_max, 63)); o++)
+                    for (uint16_t cl : clusters)
+                        for (uint32_t sw = 0; sw < swizzles; sw++) add(seed, tile, o, cl, sw);
+            } else {
+                size_t bytes = 0;
+                std::vector<uint32_t> tiles;
+                if (cublasLtMatmulAlgoCapGetAttribute(&seed, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes) ==
+                        CUBLAS_STATUS_SUCCESS && bytes > 0) {
+                    tiles.resize(bytes / sizeof(uint32_t));
+                    if (cublasLtMatmulAlgoCapGetAttribute(&seed, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(),
+                                                          tiles.size() * sizeof(uint32_t), &bytes) != CUBLAS_STATUS_SUCCESS)
+                        tiles.clear();
+                }
+                for (uint32_t t : tiles)
+                    for (uint32_t sw = 0; sw < swizzles; sw++) add(seed, t, custom, cluster, sw);
+            }
+        }
+}
 
 // Column-major D (m, n) = op(A) B (+ C), op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
 // B stored (k, n), ld k; C (optional), D and aux stored (m, n), ld m.
@@ -342,7 +443,11 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogu
                                        heuristic, &found) != CUBLAS_STATUS_SUCCESS)
         found = 0;
     for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
+    plan.heuristic_count = plan.candidates.size();
+    plan.m = m, plan.n = n, plan.k = k, plan.epilogue = epilogue;
     if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
+    if (found > 0 && b.tune_wide)
+        matmul_config_space(plan.candidates, plan.desc, plan.a, plan.b, plan.d, b.tune_wide_max);
     cublas_check(cublasLtMatmulPreferenceDestroy(pref));
     return plan;
 }
@@ -387,37 +492,88 @@ template <typename T> unsigned long long hash_bits(const T* x, size_t n, cudaStr
 // D (m x n) and, for the gelu epilogue, aux are written by every run (beta = 0, or beta = 1 with a
 // residual C apart from D, so runs are idempotent and each candidate is compared with the residual
 // in place); the last run is the kept algorithm's, so they leave as a plain call would.
+// Two rounds. First each candidate runs once (a warm-up: a kernel's first launch may load its
+// module) and once timed; its output is then compared with #0's if it could be kept: the heuristic's
+// own candidates always, the others (tune_wide) while they are faster than the kMatmulTuneFinalists-th
+// fastest kept so far, and only until tune_wide_seconds have passed. Then the heuristic's candidates
+// and the kMatmulTuneFinalists fastest others with #0's bits are timed kMatmulTuneReps times each,
+// and the lowest median wins. Timing noise can change which candidate wins, never the bits.
+constexpr int kMatmulTuneFinalists = 8;
 template <typename T, typename Run>
 void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t elements, cudaStream_t stream) {
     plan.tuned = true;
     if (plan.candidates.size() < 2) return;
     if (!run(plan.candidates[0])) return;  // the caller finds the refusal on its own call
     const unsigned long long want = hash_bits(D, elements, stream), want_aux = aux_out ? hash_bits(aux_out, elements, stream) : 0;
+    BlasContext& bc = blas();
     cudaEvent_t start, stop;
     cuda_check(cudaEventCreate(&start));
     cuda_check(cudaEventCreate(&stop));
-    float best_ms = INFINITY;
-    size_t best = 0;
+    auto time_once = [&](const cublasLtMatmulAlgo_t& algo) {
+        float ms = 0.0f;
+        cuda_check(cudaEventRecord(start, stream));
+        run(algo);
+        cuda_check(cudaEventRecord(stop, stream));
+        cuda_check(cudaEventSynchronize(stop));
+        cuda_check(cudaEventElapsedTime(&ms, start, stop));
+        return ms;
+    };
+    const auto began = std::chrono::steady_clock::now();
+    std::vector<std::pair<float, size_t>> kept;  // (one run's ms, candidate) with #0's bits
+    std::vector<float> others_ms;                // those of them not the heuristic's, fastest first
+    size_t refused = 0, other_bits = 0, unscreened = 0, slower = 0;
     for (size_t i = 0; i < plan.candidates.size(); i++) {
-        if (!run(plan.candidates[i])) continue;  // warm-up, and the output to compare
-        if (hash_bits(D, elements, stream) != want || (aux_out && hash_bits(aux_out, elements, stream) != want_aux)) continue;
-        float ms[kMatmulTuneReps];
-        for (int r = 0; r < kMatmulTuneReps; r++) {
-            cuda_check(cudaEventRecord(start, stream));
-            run(plan.candidates[i]);
-            cuda_check(cudaEventRecord(stop, stream));
-            cuda_check(cudaEventSynchronize(stop));
-            cuda_check(cudaEventElapsedTime(&ms[r], start, stop));
+        const bool heuristic = i < plan.heuristic_count;
+        if (!heuristic && std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() > bc.tune_wide_seconds) {
+            unscreened = plan.candidates.size() - i;
+            break;
         }
+        if (!run(plan.candidates[i])) {
+            refused++;
+            continue;
+        }
+        const float ms = time_once(plan.candidates[i]);  // D (and aux) now hold this candidate's output
+        if (!heuristic && others_ms.size() >= (size_t)kMatmulTuneFinalists && ms >= others_ms[kMatmulTuneFinalists - 1]) {
+            slower++;
+            continue;
+        }
+        if (hash_bits(D, elements, stream) != want || (aux_out && hash_bits(aux_out, elements, stream) != want_aux)) {
+            other_bits++;
+            continue;
+        }
+        kept.push_back({ms, i});
+        if (!heuristic) others_ms.insert(std::upper_bound(others_ms.begin(), others_ms.end(), ms), ms);
+    }
+    std::sort(kept.begin(), kept.end());
+    float best_ms = INFINITY, first_ms = NAN, best_heuristic_ms = INFINITY;
+    size_t best = 0, others = 0;
+    for (const auto& [screen_ms, i] : kept) {
+        const bool heuristic = i < plan.heuristic_count;
+        if (!heuristic && others++ >= (size_t)kMatmulTuneFinalists) continue;
+        float ms[kMatmulTuneReps];
+        for (int r = 0; r < kMatmulTuneReps; r++) ms[r] = time_once(plan.candidates[i]);
         std::sort(ms, ms + kMatmulTuneReps);
-        if (ms[kMatmulTuneReps / 2] < best_ms) best_ms = ms[kMatmulTuneReps / 2], best = i;
+        const float median = ms[kMatmulTuneReps / 2];
+        if (i == 0) first_ms = median;
+        if (heuristic) best_heuristic_ms = std::min(best_heuristic_ms, median);
+        if (median < best_ms) best_ms = median, best = i;
     }
     cuda_check(cudaEventDestroy(start));
     cuda_check(cudaEventDestroy(stop));
+    char line[640];
+    snprintf(line, sizeof(line),
+             "tuned m %d n %d k %d epilogue %d: %zu candidates (%zu the heuristic's): %zu refused, %zu other bits, %zu "
+             "slower than 8 kept, %zu not screened (%.1f s) | #0 %.4f ms, best of the heuristic's %.4f ms, kept #%zu %.4f ms "
+             "(%s)",
+             plan.m, plan.n, plan.k, (int)plan.epilogue, plan.candidates.size(), plan.heuristic_count, refused, other_bits,
+             slower, unscreened, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), first_ms,
+             best_heuristic_ms, best, best_ms, matmul_algo_name(plan.candidates[best]).c_str());
+    bc.tune_log.push_back(line);
+    if (bc.tune_print) printf("matmul %s\n", line);
     plan.algo = plan.candidates[best];
     plan.candidates.clear();
-    blas().tuned_plans++;
-    if (best != 0) blas().tuned_changed++;
+    bc.tuned_plans++;
+    if (best != 0) bc.tuned_changed++;
 }
 
 // D = op(A) B (+ C) with the epilogue, through cuBLASLt (beta = 0 without C: D is overwritten; beta = 1
@@ -436,7 +592,7 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
     const T* c_in = C ? C : D;  // beta = 0: cuBLASLt does not read C
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, c_in, plan.d, D,
-                                                     plan.d, &algo, workspace, b.workspace_bytes, stream);
+                                                     plan.d, &algo, workspace, b.workspace_bytes, api_stream(stream));
         if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
         return status == CUBLAS_STATUS_SUCCESS;
     };

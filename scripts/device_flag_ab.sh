@@ -4,7 +4,7 @@
 # run's median step, the "median of medians" (the lower middle value), and whether its per-step
 # losses are the same bits as the first flag set's (flags that change only the schedule must keep
 # them). Then a -pf 1 breakdown of each flag set at the last B. Run from the repository root, with
-# the data prepared (data/prepare_tinyshakespeare.py). Logs in $OUT/flag_ab/.
+# the data prepared (data/prepare_tinyshakespeare.py). Logs in $OUT/flag_ab/. PF=0 skips the breakdowns.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -36,7 +36,7 @@ for B in $BATCHES; do
             awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; printf "%.1f ms = %.0f tok/s", m, '"$B"' * 1024 / (m / 1000)}'); losses bit-identical to [${sets[0]}] round 1: $same"
     done
 done
-for flags in "${sets[@]}"; do
+[[ ${PF:-1} == 1 ]] && for flags in "${sets[@]}"; do
     f="$log/pf_B${B}_$(name_of "$flags").log"
     # shellcheck disable=SC2086
     ./train_gpt_bf16 -b "$B" -x 12 -v 0 -s 0 -pf 1 $flags > "$f" 2>&1

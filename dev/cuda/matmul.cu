@@ -17,6 +17,10 @@
 //     matrix-vector product with a vector of ones, the residual copied into out before a beta = 1
 //     GEMM: matmul.cuh's fallback path, taken for shapes cuBLASLt has no algorithm for.
 //   2  the header as training calls it (matmul_forward, matmul_backward; the residual as cuBLASLt's C).
+//   2w the header with --wide (train_gpt -tw 1): each plan tuned also over the configurations around
+//     the heuristic's list (matmul_config_space: each candidate's custom options x cluster shapes x
+//     swizzles, and its algorithm's other tiles; split-K 1), within a time budget per plan. Validation
+//     runs the same way then; version 3's listing is skipped.
 //   3  every algorithm cuBLASLt's heuristic offers for the shape (up to --algos of them, in its order),
 //     each run on its own: how much the heuristic's first choice leaves on the table, and whether
 //     the faster ones give the same bits (determinism).
@@ -110,29 +114,10 @@ template <typename T> void lt_setup(LtSetup& s, const LtProblem& p, int max_algo
 inline bool lt_run(const LtSetup& s, const LtProblem& p, int i) {
     const float alpha = 1.0f;
     const cublasStatus_t st = cublasLtMatmul(blas().lt, s.desc, &alpha, p.A, s.a, p.B, s.b, &p.beta, p.C ? p.C : p.D, s.d,
-                                             p.D, s.d, &s.algos[i].algo, blas().workspace, blas().workspace_bytes, 0);
+                                             p.D, s.d, &s.algos[i].algo, blas().workspace, blas().workspace_bytes, api_stream(0));
     if (st == CUBLAS_STATUS_SUCCESS) return true;
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(st);
     return false;
-}
-
-// What an algorithm is, in cuBLASLt's own words (its configuration attributes).
-inline std::string algo_name(const cublasLtMatmulAlgo_t& algo) {
-    int id = 0, tile = 0, stages = 0, splitk = 0, reduction = 0, swizzle = 0, custom = 0;
-    uint16_t cluster = 0;
-    size_t w = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction, sizeof(reduction), &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle), &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom), &w);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), &w);
-    char buf[128];
-    snprintf(buf, sizeof(buf), "id %d tile %d stages %d splitk %d red %d swz %d cust %d cluster %d", id, tile, stages,
-             splitk, reduction, swizzle, custom, (int)cluster);
-    return buf;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -388,15 +373,19 @@ struct Layer {
     bool bias, gelu_fwd, dgelu_bwd, residual;  // residual: training adds the residual stream in its forward
 };
 
-void benchmark(int N, int max_algos) {
-    const int C = 768, Vp = 50304;
+// Training runs the LM head over chunks of this many rows (train_gpt.cu's kLogitsChunkRows), so the
+// benchmark times its GEMMs at that size, and counts them rows / chunk times a step.
+constexpr int kLmHeadChunkRows = 32768;
+
+void benchmark(int rows, int max_algos) {
+    const int C = 768, Vp = 50304, N = rows;
     const Layer layers[] = {{"qkv", C, 3 * C, true, false, false, false},
                             {"attproj", C, C, true, false, false, true},
                             {"fc", C, 4 * C, true, true, false, false},
                             {"fcproj", 4 * C, C, true, false, true, true},
                             {"lmhead", C, Vp, false, false, false, false}};
     // One set of buffers big enough for every layer.
-    const size_t max_in = size_t(N) * 4 * C, max_out = size_t(N) * Vp;
+    const size_t max_in = size_t(N) * 4 * C, max_out = std::max(size_t(N) * 4 * C, size_t(std::min(N, kLmHeadChunkRows)) * Vp);
     DeviceBuffer<bf16> inp(max_in, "inp"), dout(max_out, "dout"), out(max_out, "out"),
         aux(size_t(N) * 4 * C, "aux"), w(size_t(Vp) * C, "weight"), dw(size_t(Vp) * C, "dweight"),
         dw_init(size_t(Vp) * C, "dweight init"), b(Vp, "bias"), db(Vp, "dbias"), res(size_t(N) * C, "residual");
@@ -429,12 +418,16 @@ void benchmark(int N, int max_algos) {
     {
         const int S = 8192;
         DeviceBuffer<bf16> a(size_t(S) * S, "peak A"), bb(size_t(S) * S, "peak B"), c(size_t(S) * S, "peak C");
-        cuda_check(cudaMemset(a.ptr, 0, a.n * 2)), cuda_check(cudaMemset(bb.ptr, 0, bb.n * 2));
+        std::vector<bf16> h(a.n);  // random operands: tensor cores run faster on zeros (METHOD.md)
+        Rng rng(11);
+        fill_uniform(h, -1.0f, 1.0f, rng);
+        a.upload(h), bb.upload(h);
         const float ms = time_median_ms([&] { matmul_forward(c.ptr, a.ptr, bb.ptr, (const bf16*)nullptr, S, S, S); }, 3, 20);
         peak_tflops = 2.0 * S * S * double(S) / (ms * 1e-3) / 1e12;
         printf("reference: 8192^3 bf16 GEMM %.3f ms = %.1f TFLOP/s\n", ms, peak_tflops);
     }
-    printf("\nmatmul benchmark, bf16, N = %d rows (median of 20 runs after 3 warm-ups), TFLOP/s and %% of the 8192^3 rate\n", N);
+    printf("\nmatmul benchmark, bf16, N = %d rows (the LM head: chunks of %d, as training), median of 20 runs after 3 "
+           "warm-ups, TFLOP/s and %% of the 8192^3 rate\n", rows, std::min(rows, kLmHeadChunkRows));
     printf("%-8s %-8s %-26s %9s %8s %s\n", "layer", "GEMM", "version", "ms", "TFLOP/s", "");
     double total_header = 0.0, total_best = 0.0, total_residual = 0.0;
     auto report = [&](const char* layer, const char* gemm_name, const std::string& version, float ms, double flops, const char* extra) {
@@ -442,6 +435,8 @@ void benchmark(int N, int max_algos) {
         printf("%-8s %-8s %-26s %9.4f %8.1f %5.1f%% %s\n", layer, gemm_name, version.c_str(), ms, tf, 100.0 * tf / peak_tflops, extra);
     };
     for (const Layer& L : layers) {
+        const int N = L.OC == Vp ? std::min(rows, kLmHeadChunkRows) : rows;  // this GEMM's rows
+        const double per_step = L.OC == Vp ? double(rows) / N : 12.0;        // its calls in one step
         const double flops = 2.0 * N * double(L.C) * L.OC;
         const bf16* bias = L.bias ? b.ptr : nullptr;
         // Header.
@@ -474,12 +469,12 @@ void benchmark(int N, int max_algos) {
             const double gbs = double(N) * L.OC * 2 / (b_ms * 1e-3) / 1e9;
             printf("%-8s %-8s %-26s %9.4f  (%.0f GB/s)\n", L.name, "dbias", "2 header (gemv)", b_ms, gbs);
         }
-        total_header += 12.0 * (f_ms + x_ms + w_ms + b_ms) / (L.OC == Vp ? 12.0 : 1.0);
+        total_header += per_step * (f_ms + x_ms + w_ms + b_ms);
 
         // Version 3 for each GEMM, and the bias-gradient epilogues (dbias fused into dweight's GEMM, or
-        // the fc layer's dbias into fcproj's dinp with GELU').
+        // the fc layer's dbias into fcproj's dinp with GELU'). Not with --wide, whose tuning tries them.
         float best_g[3] = {f_ms, x_ms, w_ms};
-        for (int g = 0; g < 6; g++) {
+        for (int g = 0; g < (blas().tune_wide ? 0 : 6); g++) {
             LtProblem p;
             const char* gname = "";
             size_t out_n = 0;
@@ -532,7 +527,7 @@ void benchmark(int N, int max_algos) {
                 const float ms = time_median_ms([&] { lt_run(s, p, i); }, 3, 20);
                 char extra[200];
                 snprintf(extra, sizeof(extra), "%s | %s", same ? "same bits as #0" : "bits differ from #0",
-                         algo_name(s.algos[i].algo).c_str());
+                         matmul_algo_name(s.algos[i].algo).c_str());
                 report(L.name, gname, "3 #" + std::to_string(i), ms, flops, extra);
                 if (ms < best) best = ms, best_i = i;
             }
@@ -540,27 +535,30 @@ void benchmark(int N, int max_algos) {
             printf("%-8s %-8s best #%d %.4f ms\n", L.name, gname, best_i, best);
             if (g < 3) best_g[g] = std::min(best_g[g], best);
         }
-        total_best += 12.0 * (best_g[0] + best_g[1] + best_g[2] + b_ms) / (L.OC == Vp ? 12.0 : 1.0);
+        total_best += per_step * (best_g[0] + best_g[1] + best_g[2] + b_ms);
     }
     printf("\nper step (12 layers + LM head, dbias as the header's): header %.2f ms, best of header and version 3 per GEMM "
            "%.2f ms\n", total_header, total_best);
     printf("residual epilogue (attproj and fcproj forward, 12 layers): %+.2f ms a step over the forwards without it, "
            "against 24 fused residual + LayerNorm forwards that become plain LayerNorms\n", total_residual);
-    printf("matmul tuning: %zu plans tuned, %zu kept an algorithm other than the heuristic's first\n", blas().tuned_plans,
+    printf("matmul tuning%s: %zu plans tuned, %zu kept an algorithm other than the heuristic's first\n",
+           blas().tune_wide ? " (--wide: the configurations around the heuristic's)" : "", blas().tuned_plans,
            blas().tuned_changed);
 }
 
 void usage(FILE* f) {
     fprintf(f,
-            "usage: matmul [--check] [--force] [--rows N] [--algos K]\n"
+            "usage: matmul [--check] [--force] [--rows N] [--algos K] [--wide]\n"
             "  --check    validate every version at small shapes (no benchmark)\n"
             "  --force    benchmark even when validation failed (it says so)\n"
             "  --rows N   rows of the benchmark's activations (default 65536 = B 64 x T 1024)\n"
-            "  --algos K  cuBLASLt algorithms asked of the heuristic per GEMM (default 16)\n");
+            "  --algos K  cuBLASLt algorithms asked of the heuristic per GEMM (default 16)\n"
+            "  --wide     the header tunes each plan over every configuration cuBLASLt accepts for it, not only\n"
+            "             the heuristic's list (train_gpt -tw 1); the log says what each plan kept\n");
 }
 
 int main(int argc, char** argv) {
-    bool check = false, force = false;
+    bool check = false, force = false, wide = false;
     int rows = 65536, algos = 16;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
@@ -572,6 +570,8 @@ int main(int argc, char** argv) {
             check = true;
         } else if (a == "--force") {
             force = true;
+        } else if (a == "--wide") {
+            wide = true;
         } else if (a == "--rows") {
             rows = parse_int(value(), "--rows", 1, usage);
         } else if (a == "--algos") {
@@ -585,7 +585,9 @@ int main(int argc, char** argv) {
     if (!check && !gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
     TestCounter tests;
     if (gpu) blas_init(size_t(std::max(rows, 1024)));
+    blas().tune_wide = wide;  // validation then checks what the wide tuning keeps, too
     check_all(tests, gpu);
+    blas().tune_print = true;  // the benchmark's plans: one line each as it is tuned
     if (check) return tests.finish();
     if (tests.failed && !force) {
         tests.finish();
