@@ -24,11 +24,7 @@ else
   GENCODE := -gencode arch=compute_$(GPU_ARCH),code=[sm_$(GPU_ARCH),compute_$(GPU_ARCH)]
 endif
 
-# Programs take --default-stream per-thread: their stream 0 is the thread's own default stream, which
-# train_gpt captures into a CUDA graph (common.cuh, api_stream). The C API libraries keep CUDA's legacy
-# default: they run on whatever stream PyTorch hands them, 0 meaning its legacy default stream.
-NVCC_LIB_FLAGS := -O3 -std=c++17 $(GENCODE) -lineinfo -Xcompiler -Wall -I.
-NVCC_FLAGS := $(NVCC_LIB_FLAGS) --default-stream per-thread
+NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -lineinfo -Xcompiler -Wall -I.
 LDLIBS := -lcublas -lcublasLt
 
 ifeq ($(PRECISION),FP32)
@@ -87,7 +83,7 @@ clean:
 LAYERNORM_DEV := $(wildcard dev/layernorm/*.cuh)
 build/liblayernorm_capi.so: dev/layernorm/layernorm_capi.cu $(LAYERNORM_DEV) $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_LIB_FLAGS) -shared -Xcompiler -fPIC $< -o $@
+	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
 all: build/liblayernorm_capi.so
 dev/cuda/layernorm_forward dev/cuda/layernorm_backward: $(LAYERNORM_DEV)
 
@@ -99,6 +95,6 @@ dev/cuda/layernorm_forward dev/cuda/layernorm_backward: $(LAYERNORM_DEV)
 ATTENTION_DEV := $(wildcard dev/attention/*.cuh)
 build/libattention_capi.so: dev/attention/attention_capi.cu $(ATTENTION_DEV) $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_LIB_FLAGS) -shared -Xcompiler -fPIC $< -o $@
+	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
 all: build/libattention_capi.so
 dev/cuda/attention_forward dev/cuda/attention_backward: $(ATTENTION_DEV)

@@ -56,19 +56,6 @@ inline void* device_malloc(size_t bytes, const char* what) {
     return ptr;
 }
 
-// Stream 0 in this project's code is the default stream, and every program is built with
-// --default-stream per-thread (Makefile): our launches, copies and events on 0 go to the calling
-// thread's default stream, which a CUDA graph can capture (the legacy stream cannot be captured).
-// Libraries built without that flag (cuBLAS) would take 0 for the legacy stream, so they are handed
-// the per-thread stream by name: api_stream(0).
-inline cudaStream_t api_stream(cudaStream_t s) {
-#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
-    return s ? s : cudaStreamPerThread;
-#else
-    return s;
-#endif
-}
-
 // True when a CUDA device is usable; GPU tests print `skipped (no CUDA device)` otherwise.
 inline bool cuda_device_available() {
     int count = 0;

@@ -19,12 +19,14 @@
 //     dinp goes through cuBLASLt too. When cuBLASLt offers no algorithm for a shape/alignment, or
 //     refuses the one it offered, or a leading dimension is not whole 16-byte vectors (see
 //     matmul_plan), a plain cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to
-//     be fused): the same result, unfused. dweight stays on cublasGemmEx (beta = 1): cuBLASLt's
-//     choices were no faster there (dev/cuda/matmul.cu).
+//     be fused): the same result, unfused. dweight (D += in place, beta = 1) goes through cuBLASLt
+//     as well since stop 18, tuned like the rest (the tuner puts D back before every candidate's run);
+//     it was on cublasGemmEx before, where the heuristic's own lists held nothing faster.
 //   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's
 //     candidates (up to 16 asked; it offered at most 8 for GPT-2's shapes on the H100) among those
-//     whose output is bit for bit its first choice's. So the choice costs
-//     nothing in determinism. cuBLASLt's bias-gradient epilogues (BGRADB on dweight's GEMM,
+//     whose output is bit for bit its first choice's. So the choice costs nothing in determinism.
+//     With tune_wide (train_gpt -tw 1) the candidates also include the configurations around the
+//     heuristic's (matmul_config_space), screened within a time budget per plan, same rule. cuBLASLt's bias-gradient epilogues (BGRADB on dweight's GEMM,
 //     DGELU_BGRAD on fcproj's dinp) exist for our layouts but ran slower than the GEMM plus the
 //     matrix-vector dbias (lab, H100), so they are not used.
 //   - Residual fusion (attproj and fcproj in train_gpt): the residual stream's add rides in the GEMM
@@ -142,7 +144,7 @@ inline const BlasStream& blas_stream(cudaStream_t stream) {
     s.stream = stream;
     cublas_check(cublasCreate(&s.handle));
     cublas_check(cublasSetMathMode(s.handle, CUBLAS_DEFAULT_MATH));  // no TF32 for fp32 inputs
-    cublas_check(cublasSetStream(s.handle, api_stream(stream)));
+    cublas_check(cublasSetStream(s.handle, stream));
     s.workspace = device_malloc(b.workspace_bytes, "cuBLAS workspace");
     cublas_check(cublasSetWorkspace(s.handle, s.workspace, b.workspace_bytes));
     b.streams.push_back(s);
@@ -323,9 +325,11 @@ inline std::string matmul_algo_name(const cublasLtMatmulAlgo_t& algo) {
 // are ranked by a model of the GPU, not by measurement (dev/cuda/matmul.cu, version 3). For each of
 // them, in its order: (1) its tile and stages with every custom option, cluster shape up to 4 CTAs
 // and CTA swizzle; (2) every tile its algorithm lists, with its stages, custom option and cluster,
-// both swizzles. All with split-K 1: K summed in one order, as the forward's and dinp's first choices
-// do (only their bits may be kept). Kept where cublasLtMatmulAlgoCheck accepts the configuration for
-// this plan within the workspace and it is not listed already; at most max_count in all.
+// both swizzles. Each keeps its seed's split-K and reduction scheme: the heuristic's first choice sums
+// K in one order (split-K 1) for every forward and dinp, in 2 to 5 parts for the layers' dweight, and
+// only candidates that sum as it does can give its bits, the only ones kept. Kept where
+// cublasLtMatmulAlgoCheck accepts the configuration for this plan within the workspace and it is not
+// listed already; at most max_count in all.
 inline void matmul_config_space(std::vector<cublasLtMatmulAlgo_t>& out, cublasLtMatmulDesc_t desc,
                                 cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
                                 size_t max_count) {
@@ -335,11 +339,7 @@ inline void matmul_config_space(std::vector<cublasLtMatmulAlgo_t>& out, cublasLt
                                  CUBLASLT_CLUSTER_SHAPE_1x4x1};
     auto add = [&](cublasLtMatmulAlgo_t c, uint32_t tile, uint32_t custom, uint16_t cluster, uint32_t swizzle) {
         if (out.size() >= max_count) return;
-        const int32_t splitk = 1;
-        const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
         if (cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile)) ||
-            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk)) ||
-            cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction, sizeof(no_reduction)) ||
             cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle)) ||
             cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom)) ||
             cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster)))
@@ -385,17 +385,19 @@ inline void matmul_config_space(std::vector<cublasLtMatmulAlgo_t>& out, cublasLt
         }
 }
 
-// Column-major D (m, n) = op(A) B (+ C), op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
-// B stored (k, n), ld k; C (optional), D and aux stored (m, n), ld m.
+// Column-major D (m, n) = op(A) op(B) (+ C), op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
+// op(B) = B (stored (k, n), ld k) or B^T (stored (n, k), ld n); C (optional: apart from D, or D itself
+// for D += op(A) op(B)), D and aux stored (m, n), ld m.
 template <typename T>
-MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const void* A, const void* B,
-                        const void* D, const void* bias, const void* aux, const void* C) {
+MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, MatmulEpilogue ep, const void* A,
+                        const void* B, const void* D, const void* bias, const void* aux, const void* C) {
     const int align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(D);
     const int align_bias = bias ? pointer_alignment(bias) : 0, align_aux = aux ? pointer_alignment(aux) : 0;
-    const int align_c = C ? pointer_alignment(C) : 0;  // 0: no residual, its own plan (beta = 0)
-    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
-    MatmulPlan& plan = plans[std::make_tuple((int)ta, m, n, k, (int)ep, align_a, align_b, align_d, align_bias, align_aux,
-                                             align_c)];
+    const int align_c = C ? pointer_alignment(C) : 0;  // 0: no C, its own plan (beta = 0)
+    const int in_place = C == D;
+    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
+    MatmulPlan& plan = plans[std::make_tuple((int)ta, (int)tb, m, n, k, (int)ep, align_a, align_b, align_d, align_bias,
+                                             align_aux, align_c, in_place)];
     if (plan.made) return plan;
     plan.made = true;
     const bool uses_aux = ep == MatmulEpilogue::gelu || ep == MatmulEpilogue::dgelu;
@@ -404,13 +406,12 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogu
     // own candidates, its first choice among them for GELU', return wrong results (the lab's
     // validation, k = 50 in bf16: errors of tens of bounds). Those shapes take plain cuBLAS.
     const int per_vector = 16 / int(sizeof(T));
-    if (m % per_vector != 0 || k % per_vector != 0) return plan;
+    if (m % per_vector != 0 || k % per_vector != 0 || (tb == CUBLAS_OP_T && n % per_vector != 0)) return plan;
     BlasContext& b = blas();
     const cudaDataType_t type = cuda_data_type<T>();
     cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opN = CUBLAS_OP_N;
     cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (ep == MatmulEpilogue::bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
     if (ep == MatmulEpilogue::gelu) epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
@@ -425,7 +426,8 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, int m, int n, int k, MatmulEpilogu
     }
     if (ta == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, k, m, k));
     else cublas_check(cublasLtMatrixLayoutCreate(&plan.a, type, m, k, m));
-    cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, k));
+    if (tb == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, n, k, n));
+    else cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, k));
     cublas_check(cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m));
     cublasLtMatmulPreference_t pref;
     cublas_check(cublasLtMatmulPreferenceCreate(&pref));
@@ -499,11 +501,31 @@ template <typename T> unsigned long long hash_bits(const T* x, size_t n, cudaStr
 // and the kMatmulTuneFinalists fastest others with #0's bits are timed kMatmulTuneReps times each,
 // and the lowest median wins. Timing noise can change which candidate wins, never the bits.
 constexpr int kMatmulTuneFinalists = 8;
+// in_place (D += ..., C is D): D is saved first and put back before every run and at the end.
 template <typename T, typename Run>
-void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t elements, cudaStream_t stream) {
+void matmul_tune(MatmulPlan& plan, Run run_once, T* D, const T* aux_out, size_t elements, cudaStream_t stream,
+                 bool in_place) {
     plan.tuned = true;
     if (plan.candidates.size() < 2) return;
-    if (!run(plan.candidates[0])) return;  // the caller finds the refusal on its own call
+    // Alone on the GPU: work queued on another stream (train_gpt's weight stream) would skew the times.
+    cuda_check(cudaDeviceSynchronize());
+    T* saved = in_place ? static_cast<T*>(device_malloc(elements * sizeof(T), "matmul tuning's copy of D")) : nullptr;
+    if (saved) cuda_check(cudaMemcpyAsync(saved, D, elements * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+    auto restore = [&] {
+        if (saved) cuda_check(cudaMemcpyAsync(D, saved, elements * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+    };
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        restore();
+        return run_once(algo);
+    };
+    auto finish = [&] {
+        restore();
+        if (saved) {
+            cuda_check(cudaStreamSynchronize(stream));
+            cuda_check(cudaFree(saved));
+        }
+    };
+    if (!run(plan.candidates[0])) return finish();  // the caller finds the refusal on its own call
     const unsigned long long want = hash_bits(D, elements, stream), want_aux = aux_out ? hash_bits(aux_out, elements, stream) : 0;
     BlasContext& bc = blas();
     cudaEvent_t start, stop;
@@ -511,8 +533,9 @@ void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t
     cuda_check(cudaEventCreate(&stop));
     auto time_once = [&](const cublasLtMatmulAlgo_t& algo) {
         float ms = 0.0f;
+        restore();
         cuda_check(cudaEventRecord(start, stream));
-        run(algo);
+        run_once(algo);
         cuda_check(cudaEventRecord(stop, stream));
         cuda_check(cudaEventSynchronize(stop));
         cuda_check(cudaEventElapsedTime(&ms, start, stop));
@@ -562,10 +585,10 @@ void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t
     cuda_check(cudaEventDestroy(stop));
     char line[640];
     snprintf(line, sizeof(line),
-             "tuned m %d n %d k %d epilogue %d: %zu candidates (%zu the heuristic's): %zu refused, %zu other bits, %zu "
+             "tuned m %d n %d k %d epilogue %d%s: %zu candidates (%zu the heuristic's): %zu refused, %zu other bits, %zu "
              "slower than 8 kept, %zu not screened (%.1f s) | #0 %.4f ms, best of the heuristic's %.4f ms, kept #%zu %.4f ms "
              "(%s)",
-             plan.m, plan.n, plan.k, (int)plan.epilogue, plan.candidates.size(), plan.heuristic_count, refused, other_bits,
+             plan.m, plan.n, plan.k, (int)plan.epilogue, in_place ? " (D +=)" : "", plan.candidates.size(), plan.heuristic_count, refused, other_bits,
              slower, unscreened, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), first_ms,
              best_heuristic_ms, best, best_ms, matmul_algo_name(plan.candidates[best]).c_str());
     bc.tune_log.push_back(line);
@@ -574,17 +597,20 @@ void matmul_tune(MatmulPlan& plan, Run run, const T* D, const T* aux_out, size_t
     plan.candidates.clear();
     bc.tuned_plans++;
     if (best != 0) bc.tuned_changed++;
+    finish();
 }
 
-// D = op(A) B (+ C) with the epilogue, through cuBLASLt (beta = 0 without C: D is overwritten; beta = 1
-// with C, which must not overlap D). False when cuBLASLt has no algorithm for this case or refuses it
-// (then never tried again): the caller takes the plain path.
+// D = op(A) op(B) (+ C) with the epilogue, through cuBLASLt: beta = 0 without C (D is overwritten),
+// beta = 1 with C, which is either apart from D (the residual) or D itself (D +=, the weight
+// gradients). False when cuBLASLt has no algorithm for this case or refuses it (then never tried
+// again): the caller takes the plain path.
 template <typename T>
 bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, const T* A, const T* B, T* D,
-               const T* bias, const T* aux, cudaStream_t stream, const T* C = nullptr) {
+               const T* bias, const T* aux, cudaStream_t stream, const T* C = nullptr,
+               cublasOperation_t tb = CUBLAS_OP_N) {
     BlasContext& b = blas();
     void* workspace = blas_stream(stream).workspace;
-    MatmulPlan& plan = matmul_plan<T>(ta, m, n, k, ep, A, B, D, bias, aux, C);
+    MatmulPlan& plan = matmul_plan<T>(ta, tb, m, n, k, ep, A, B, D, bias, aux, C);
     if (!plan.has_algo) return false;
     if (bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (aux) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
@@ -592,12 +618,12 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
     const T* c_in = C ? C : D;  // beta = 0: cuBLASLt does not read C
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         const cublasStatus_t status = cublasLtMatmul(b.lt, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, c_in, plan.d, D,
-                                                     plan.d, &algo, workspace, b.workspace_bytes, api_stream(stream));
+                                                     plan.d, &algo, workspace, b.workspace_bytes, stream);
         if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
         return status == CUBLAS_STATUS_SUCCESS;
     };
     if (!plan.tuned)
-        matmul_tune<T>(plan, run, D, ep == MatmulEpilogue::gelu ? aux : nullptr, size_t(m) * n, stream);
+        matmul_tune<T>(plan, run, D, ep == MatmulEpilogue::gelu ? aux : nullptr, size_t(m) * n, stream, C == D);
     if (run(plan.algo)) return true;
     plan.has_algo = false;  // this case is not for cuBLASLt: the plain path from now on
     return false;
@@ -645,7 +671,10 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
             if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, stream);
         }
     }
-    if (dweight) gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
+    // dweight (C, OC) column-major += inp (C, N) dout (OC, N)^T: through cuBLASLt (tuned), else plain cuBLAS.
+    if (dweight && !matmul_lt<T>(CUBLAS_OP_N, C, OC, N, MatmulEpilogue::plain, inp, dout, dweight, (const T*)nullptr,
+                                 (const T*)nullptr, stream, dweight, CUBLAS_OP_T))
+        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
     if (dbias) {
         if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
         gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias,

@@ -352,7 +352,6 @@ struct GPT {
     cudaStream_t wgrad_stream = nullptr;
     cudaEvent_t wgrad_fork = nullptr;
     cudaEvent_t wgrad_done[4] = {};
-    bool wgrad_marked[4] = {};      // which of wgrad_done this backward has recorded
     floatX* dqkv = nullptr;         // (B, T, 3C) gradient of qkv: acts.dbig, or with -ov 1 a buffer of its own
     floatX* dqkv_memory = nullptr;  // (the logits' tail where it fits, else this allocation)
     StepStats* step = nullptr;  // (1) the current step's loss sum and squared gradient norm
@@ -720,9 +719,7 @@ inline void gpt_zero_grad(GPT& m) {
 // workspace per stream), so the gradients are the same bits as with -ov 0 (test_gpt checks it).
 //   wgrad_fork:  the weight stream's next work comes after all the default stream has enqueued.
 //   wgrad_mark:  a point on the weight stream, after its reads of some buffer;
-//   wgrad_wait:  the default stream waits for that point before it rewrites the buffer, if this
-//                backward marked it (the backward before ended by waiting for all of the weight
-//                stream; and a CUDA graph may only wait for events recorded in its own capture).
+//   wgrad_wait:  the default stream waits for that point before it rewrites the buffer.
 // Without -ov 1 all three do nothing and the weight gradients run in line on the default stream.
 enum WgradPoint { kReadMlpDresidual, kReadDbig, kReadAttnDresidual, kReadDqkv };
 inline cudaStream_t wgrad_fork(GPT& m) {
@@ -732,10 +729,10 @@ inline cudaStream_t wgrad_fork(GPT& m) {
     return m.wgrad_stream;
 }
 inline void wgrad_mark(GPT& m, WgradPoint point) {
-    if (m.overlap) cuda_check(cudaEventRecord(m.wgrad_done[point], m.wgrad_stream)), m.wgrad_marked[point] = true;
+    if (m.overlap) cuda_check(cudaEventRecord(m.wgrad_done[point], m.wgrad_stream));
 }
 inline void wgrad_wait(GPT& m, WgradPoint point) {
-    if (m.overlap && m.wgrad_marked[point]) cuda_check(cudaStreamWaitEvent(0, m.wgrad_done[point], 0));
+    if (m.overlap) cuda_check(cudaStreamWaitEvent(0, m.wgrad_done[point], 0));
 }
 
 // One linear layer's backward: dinp on the default stream, then dweight (+ dbias) on the weight
@@ -753,10 +750,9 @@ void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const
 }
 
 // Backward of the last forward (which must have had targets and a dloss). Gradients accumulate (+=)
-// into m.grads, so several micro-batches add up to one step. Two parts: the layers (ending with the
-// weight stream joined into the default stream), which a CUDA graph can hold, and the embeddings,
-// whose launch shape depends on the batch's tokens (encoder.cuh). gpt_backward runs both.
-inline void gpt_backward_layers(GPT& m, int B, int T) {
+// into m.grads, so several micro-batches add up to one step. Returns with all of it enqueued on the
+// default stream (the weight stream joined).
+inline void gpt_backward(GPT& m, int B, int T) {
     const GPTConfig& c = m.config;
     const int L = c.L, C = c.C, NH = c.NH, BT = B * T;
     const ParameterTensors& p = m.params;
@@ -767,7 +763,6 @@ inline void gpt_backward_layers(GPT& m, int B, int T) {
     floatX* const none = nullptr;
 
     Profiler& prof = profiler();
-    for (bool& marked : m.wgrad_marked) marked = false;
     prof.mark("bwd.other");
     cuda_check(cudaMemsetAsync(a.dresidual, 0, btc * sizeof(floatX)));
     // The LM head's backward ran in gpt_forward: a.dln holds the gradient of lnf.
@@ -833,43 +828,12 @@ inline void gpt_backward_layers(GPT& m, int B, int T) {
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C, 0,
                            l > 0 ? g.fcprojb + size_t(l - 1) * C : none);
     }
+    prof.mark("bwd.encoder");
+    encoder_backward(g.wte, g.wpe, m.encoder_partials, a.dresidual, m.buckets, m.batch_slots[m.batch_slot].buckets, B, T,
+                     C);
     prof.mark("bwd.join");  // the weight stream's last work (qkv's of layer 0), and so all of it
     wgrad_wait(m, kReadDqkv);
     prof.mark(nullptr);
-}
-
-// dresidual, the gradient of the encoder's output, into wte and wpe.
-inline void gpt_backward_embeddings(GPT& m, int B, int T) {
-    profiler().mark("bwd.encoder");
-    encoder_backward(m.grads.wte, m.grads.wpe, m.encoder_partials, m.acts.dresidual, m.buckets,
-                     m.batch_slots[m.batch_slot].buckets, B, T, m.config.C);
-    profiler().mark(nullptr);
-}
-
-inline void gpt_backward(GPT& m, int B, int T) {
-    gpt_backward_layers(m, B, T);
-    gpt_backward_embeddings(m, B, T);
-}
-
-// One micro-batch's forward with targets, its loss added to the step's sum, and the backward of its
-// layers (gpt_backward_layers), captured as a CUDA graph: ~390 kernels, copies and event waits on
-// two streams launched as one, without a gap between the kernels for each launch. The same kernels
-// with the same arguments: the same bits as the calls made one by one (test_gpt checks it). Capture
-// after a micro-batch run the plain way, which tunes the matmuls and makes the cuBLAS handles (their
-// synchronisation and allocations are not allowed inside a capture). The graph holds the buffers'
-// addresses, B, T and dloss: valid as long as m is.
-inline cudaGraphExec_t gpt_capture_micro_step(GPT& m, int B, int T, float dloss) {
-    const cudaStream_t stream = api_stream(0);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    gpt_forward(m, B, T, true, dloss);
-    gpt_accumulate_loss(m, B, T);
-    gpt_backward_layers(m, B, T);
-    cuda_check(cudaStreamEndCapture(stream, &graph));
-    cuda_check(cudaGraphInstantiate(&exec, graph, 0));
-    cuda_check(cudaGraphDestroy(graph));
-    return exec;
 }
 
 // Squared global gradient norm into m.step->norm_squared, for gpt_update (no synchronisation).
@@ -1156,7 +1120,7 @@ struct Options {
     int profile = 0;
     int flash = 1;
     int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT, overlap = OVERLAP_DEFAULT;
-    int tune_wide = 0, graph = 1;
+    int tune_wide = 0;
 };
 
 static void usage(const Options& d) {
@@ -1200,16 +1164,15 @@ static void usage(const Options& d) {
            "              gradients: the same bits, faster; the -pf breakdown then times the default stream's\n"
            "              kernels with the overlapped work inside their spans (default %d)\n"
            "  -tw <0|1>   1 = tune each cuBLASLt matmul also over the configurations around its heuristic's few\n"
-           "              (up to 3 s a shape, ~a minute at start), printing what each kept; the same bits (default %d)\n"
-           "  -cg <0|1>   1 = each micro-batch's forward and backward runs as one CUDA graph, captured on the\n"
-           "              second step: the same kernels and bits, no launch gaps; off with -pf 1 (default %d)\n"
+           "              (up to 3 s a shape, ~40 s more at start for d12), printing what each kept; the same\n"
+           "              bits, ~1%% faster steps at B=64 on an H100 (default %d)\n"
            "  -h          this help\n"
            "Each step prints loss, grad norm, lr, time, tokens/s and MFU = 6*N + 12*L*C*T FLOPs per token\n"
            "(PaLM's count) over the peak of an H100 SXM (989 TFLOP/s dense bf16; 67 TFLOP/s fp32).\n",
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
            d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle, d.profile, d.flash,
-           d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.graph);
+           d.gelu_fusion, d.recompute, d.overlap, d.tune_wide);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -1254,7 +1217,6 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-r") o.recompute = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-ov") o.overlap = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-tw") o.tune_wide = (int)parse_int_flag(fl, v, 0, 1);
-        else if (f == "-cg") o.graph = (int)parse_int_flag(fl, v, 0, 1);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
     }
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
@@ -1402,10 +1364,10 @@ int main(int argc, char** argv) {
     const size_t real_params = m.num_params - size_t(c.Vp - c.V) * c.C;
     const double flops_per_token = 6.0 * real_params + 12.0 * c.L * c.C * o.T;
     const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
-    printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, CUDA "
-           "graph -cg %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
-           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, (int)m.overlap,
-           o.graph && !o.profile, c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
+    printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, matmul "
+           "tuning -tw %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
+           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, (int)m.overlap, o.tune_wide,
+           c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
     printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
            "(%d batches)\n",
            o.B, o.T, o.total_batch, accum, train.file.tokens.size(), train.windows, val.file.tokens.size(), val_batches);
@@ -1464,8 +1426,6 @@ int main(int argc, char** argv) {
     auto checkpoints = [&](int step) { return !o.out_dir.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0; };
     int staged = -1;         // the slot of the next training batch, staged while the GPU ran the step before
     double last_end = NAN;   // when the previous step's synchronisation returned
-    const float dloss = 1.0f / (float(o.B) * o.T * accum);  // the step's loss is the mean over all its tokens
-    cudaGraphExec_t micro_step = nullptr;  // -cg 1: captured on the second step (the first tunes the matmuls)
     for (int step = state.step; step < o.max_steps; step++) {
         const bool interrupted = validates(step) || samples(step) || checkpoints(step);  // (the last step ended with one)
         if (validates(step)) validate(step);
@@ -1492,15 +1452,9 @@ int main(int argc, char** argv) {
             }
             gpt_upload_batch(m, staged);
             staged = -1;
-            if (o.graph && !o.profile && step > state.step) {
-                if (!micro_step) micro_step = gpt_capture_micro_step(m, o.B, o.T, dloss);
-                cuda_check(cudaGraphLaunch(micro_step, api_stream(0)));
-            } else {
-                gpt_forward(m, o.B, o.T, true, dloss);
-                gpt_accumulate_loss(m, o.B, o.T);
-                gpt_backward_layers(m, o.B, o.T);
-            }
-            gpt_backward_embeddings(m, o.B, o.T);
+            gpt_forward(m, o.B, o.T, true, 1.0f / (float(o.B) * o.T * accum));  // the step's loss is the mean over all its tokens
+            gpt_accumulate_loss(m, o.B, o.T);
+            gpt_backward(m, o.B, o.T);
             const bool last = micro + 1 == accum;
             if (!last || (step + 1 < o.max_steps && !checkpoints(step + 1) && !validates(step + 1) && !samples(step + 1))) {
                 train.next(inputs, targets);
@@ -1557,7 +1511,6 @@ int main(int argc, char** argv) {
                "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);
     profiler().report();
     if (log) fclose(log);
-    if (micro_step) cuda_check(cudaGraphExecDestroy(micro_step));
     gpt_free(m);
     return 0;
 }

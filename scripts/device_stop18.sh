@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Stop 18's device calls (CUDA graph of the step, -cg; matmul tuning around cuBLASLt's heuristic, -tw),
-# each fitting one 10-minute call. Logs under $OUT/stop18/ (and the scripts' own folders beside it).
-#   PART=1  build everything; B=64 training A/B of -cg 0 / -cg 1 (two rounds) and one run of -cg 1 -tw 1
-#           (scripts/device_flag_ab.sh: the losses must be the same bits); test/test_gpt.sh (both
-#           precisions, every configuration; the CUDA graph and the weight stream must give the
-#           gradients' bits).
-#   PART=2  every lab's --check, the unit tests, test/test_resume.sh, test/test_train_cli.sh, the
-#           matmul lab with --wide.
+# Stop 18's device calls (matmul tuning around cuBLASLt's heuristic, train_gpt -tw; every matmul,
+# dweight too, through cuBLASLt), each fitting one 10-minute call. Logs under $OUT/stop18/, and all
+# of them in $OUT/stop18_partN.tgz.
+#   PART=1  build everything; B=64 training A/B of -tw 0 / -tw 1 (scripts/device_flag_ab.sh: the
+#           losses must be the same bits); test/test_gpt.sh (both precisions, every configuration).
+#   PART=2  test/test_gpt.sh (SKIP_TEST_GPT=1: not), the unit tests, test/test_resume.sh,
+#           test/test_train_cli.sh, then the matmul lab with --wide in the time left (WIDE_LAB=0: not).
 #   PART=3  the closing figures: training throughput at B=16/32/64 beside PyTorch (scripts/bench_train.sh,
-#           the breakdown at 64), 200 steps of bf16 and fp32 from one seed, attention beside SDPA.
+#           the breakdown at 64, memory with -r 1), and B=32/64 with -tw 1.
+#   PART=4  A/B of source trees (AB_DIRS, exported by git archive into a carried folder; "." is the
+#           working tree) x flag sets (AB_FLAGS, ';'-separated), AB_ROUNDS rounds of 20 steps at B=64,
+#           interleaved.
+#   PART=5  every lab's --check, and the attention beside PyTorch's SDPA.
 set -u
 PART=${PART:-1}
-[[ $PART == [123] ]] || { echo "error: PART must be 1, 2 or 3, got '$PART'" >&2; exit 1; }
+[[ $PART == [12345] ]] || { echo "error: PART must be 1 to 5, got '$PART'" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}
@@ -34,30 +37,48 @@ step() {  # step NAME LIMIT COMMAND...: run with a time limit, log to $log/NAME.
     echo "--- $name: exit $rc, $((SECONDS - t)) s"
     grep -E "passed, [0-9]+ failed|FAIL|!!!|error" "$log/$name.log" | grep -v " ok " | tail -n 8
 }
-if [[ $PART == 1 ]]; then
-    OUT="$log" FLAGSETS="-cg 0;-cg 1" ROUNDS=2 STEPS=20 BATCHES=64 PF=0 timeout 150 bash scripts/device_flag_ab.sh 2>&1 |
-        grep -E "^B="
-    OUT="$log/wide" FLAGSETS="-cg 1 -tw 1" ROUNDS=1 STEPS=20 BATCHES=64 PF=0 timeout 120 bash scripts/device_flag_ab.sh 2>&1 |
-        grep -E "^B=.*round"
-    grep -hE "^matmul tuned" "$log"/wide/flag_ab/B64__cg1_tw1_1.log | cut -c1-400
-    echo "A/B done at $((SECONDS - started)) s"
-    step test_gpt $((580 - (SECONDS - started))) bash test/test_gpt.sh
-    grep -E "weight stream|determinism|CUDA graph" "$log/test_gpt.log" | sort | uniq -c
-elif [[ $PART == 2 ]]; then
+lab_check() {
     step lab_check 300 bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | tr " " "\n" | grep dev/cuda/); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
     grep -E "^=== |passed, " "$log/lab_check.log"
+}
+if [[ $PART == 1 ]]; then
+    OUT="$log" FLAGSETS="-tw 0;-tw 1" ROUNDS=2 STEPS=20 BATCHES=64 PF=0 timeout 300 bash scripts/device_flag_ab.sh 2>&1 |
+        grep -E "^B="
+    step test_gpt $((580 - (SECONDS - started))) bash test/test_gpt.sh
+    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
+elif [[ $PART == 2 ]]; then
+    [[ ${SKIP_TEST_GPT:-0} == 1 ]] || step test_gpt 240 bash test/test_gpt.sh
     step unit_tests 60 bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
-    step test_resume 120 bash test/test_resume.sh
-    step test_train_cli 90 bash test/test_train_cli.sh
-    OUT="$log" WIDE=1 TORCH=0 timeout $((580 - (SECONDS - started))) bash scripts/device_matmul.sh 2>&1 | cut -c1-300 | head -n 60
+    step test_resume 300 bash test/test_resume.sh
+    step test_train_cli 240 bash test/test_train_cli.sh
+    [[ ${WIDE_LAB:-1} == 1 ]] && OUT="$log" WIDE=1 TORCH=0 timeout $((580 - (SECONDS - started))) bash scripts/device_matmul.sh 2>&1 | cut -c1-300 | head -n 60
+elif [[ $PART == 5 ]]; then
+    lab_check
+    timeout 90 "$PY" dev/cuda/attention_vs_torch.py > "$log/attention_vs_torch.log" 2>&1
+    echo "--- attention beside SDPA: exit $?"; tail -n 12 "$log/attention_vs_torch.log"
+elif [[ $PART == 4 ]]; then
+    IFS=';' read -r -a ab_flags <<<"${AB_FLAGS:--tw 0;-tw 1}"
+    for d in ${AB_DIRS:?AB_DIRS: source trees}; do
+        [[ $d == . ]] && continue
+        make -C "$d" -j16 train_gpt_bf16 > "$log/build_$(basename "$d").log" 2>&1 || { tail -n 20 "$log/build_$(basename "$d").log"; exit 1; }
+        mkdir -p "$d/data" && ln -sfn "$PWD/data/tinyshakespeare" "$d/data/tinyshakespeare"
+    done
+    for r in $(seq "${AB_ROUNDS:-2}"); do
+        for d in $AB_DIRS; do
+            for flags in "${ab_flags[@]}"; do
+                name="$(basename "$(cd "$d" && pwd)")$(echo "$flags" | tr -d ' ')_$r"
+                # shellcheck disable=SC2086  # the flag set is split into words on purpose
+                (cd "$d" && timeout 150 ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 $flags) > "$log/ab_$name.log" 2>&1
+                echo "$d [$flags] round $r (rc $?): $(grep -oE 'final train loss [0-9.]+|median step .* tok/s' "$log/ab_$name.log" | tr '\n' ' ')"
+            done
+        done
+    done
 else
     OUT="$log" BATCHES="16 32 64" STEPS=30 PROFILE_BATCHES=64 GELU_BATCH=none TORCH_BATCHES="32 64" timeout 420 \
         bash scripts/bench_train.sh 2>&1 | tail -n 60
-    for p in bf16 fp32; do  # same seed: bf16 should track fp32's validation loss
-        timeout 100 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
-        echo "$p 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
+    for B in 32 64; do
+        timeout 80 ./train_gpt_bf16 -b $B -x 30 -v 0 -s 0 -tw 1 > "$log/ours_B${B}_tw1.log" 2>&1
+        echo "-tw 1 B=$B (rc $?): $(grep -E "^done" "$log/ours_B${B}_tw1.log")"
     done
-    timeout 60 "$PY" dev/cuda/attention_vs_torch.py > "$log/attention_vs_torch.log" 2>&1
-    echo "--- attention beside SDPA: exit $?"; tail -n 12 "$log/attention_vs_torch.log"
 fi
 echo "done at $((SECONDS - started)) s"
