@@ -26,9 +26,10 @@
 //     candidates (up to 16 asked; it offered at most 8 for GPT-2's shapes on the H100) among those
 //     whose output is bit for bit its first choice's. So the choice costs nothing in determinism.
 //     With tune_wide (train_gpt -tw 1) the candidates also include the configurations around the
-//     heuristic's (matmul_config_space), screened within a time budget per plan, same rule. cuBLASLt's bias-gradient epilogues (BGRADB on dweight's GEMM,
-//     DGELU_BGRAD on fcproj's dinp) exist for our layouts but ran slower than the GEMM plus the
-//     matrix-vector dbias (lab, H100), so they are not used.
+//     heuristic's (matmul_config_space), screened within a time budget per plan, same rule.
+//     cuBLASLt's bias-gradient epilogues (BGRADB on dweight's GEMM, DGELU_BGRAD on fcproj's dinp)
+//     exist for our layouts but ran slower than the GEMM plus the matrix-vector dbias (lab, H100),
+//     so they are not used.
 //   - Residual fusion (attproj and fcproj in train_gpt): the residual stream's add rides in the GEMM
 //     as cuBLASLt's C operand (D = A B + bias + beta C, beta = 1, C laid out as D), so the training
 //     step writes residual2 / residual3 straight from the GEMM and the next LayerNorm is the plain
@@ -122,12 +123,11 @@ struct BlasContext {
     unsigned long long* hash = nullptr;
     // tune_wide: each plan's candidates also include the configurations around the heuristic's
     // (matmul_config_space, at most tune_wide_max), screened for tune_wide_seconds at most per plan.
-    // tune_log: one line per tuned plan (what was tried, what it took), for the lab and train_gpt -tw;
-    // tune_print: also printed as each plan is tuned.
+    // tune_print: one line per plan as it is tuned (what was tried, what it kept), for the lab and
+    // train_gpt -tw.
     bool tune_wide = false, tune_print = false;
     size_t tune_wide_max = 3000;
     double tune_wide_seconds = 3.0;
-    std::vector<std::string> tune_log;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
@@ -490,18 +490,17 @@ template <typename T> unsigned long long hash_bits(const T* x, size_t n, cudaStr
     return h;
 }
 
-// run(algo) enqueues the plan's matmul with that algorithm and returns false if cuBLASLt refuses it.
-// D (m x n) and, for the gelu epilogue, aux are written by every run (beta = 0, or beta = 1 with a
-// residual C apart from D, so runs are idempotent and each candidate is compared with the residual
-// in place); the last run is the kept algorithm's, so they leave as a plain call would.
-// Two rounds. First each candidate runs once (a warm-up: a kernel's first launch may load its
+// run_once(algo) enqueues the plan's matmul with that algorithm and returns false if cuBLASLt refuses
+// it. Every run writes D (m x n) and, for the gelu epilogue, aux, from the same start: with beta = 0,
+// or beta = 1 and a residual C apart from D, runs are idempotent; with in_place (D += ..., C is D) D is
+// saved first and put back before every run and at the end. The caller then runs the kept algorithm
+// once, as a plain call. Two rounds. First each candidate runs once (a warm-up: a kernel's first launch may load its
 // module) and once timed; its output is then compared with #0's if it could be kept: the heuristic's
 // own candidates always, the others (tune_wide) while they are faster than the kMatmulTuneFinalists-th
 // fastest kept so far, and only until tune_wide_seconds have passed. Then the heuristic's candidates
 // and the kMatmulTuneFinalists fastest others with #0's bits are timed kMatmulTuneReps times each,
 // and the lowest median wins. Timing noise can change which candidate wins, never the bits.
 constexpr int kMatmulTuneFinalists = 8;
-// in_place (D += ..., C is D): D is saved first and put back before every run and at the end.
 template <typename T, typename Run>
 void matmul_tune(MatmulPlan& plan, Run run_once, T* D, const T* aux_out, size_t elements, cudaStream_t stream,
                  bool in_place) {
@@ -591,7 +590,6 @@ void matmul_tune(MatmulPlan& plan, Run run_once, T* D, const T* aux_out, size_t 
              plan.m, plan.n, plan.k, (int)plan.epilogue, in_place ? " (D +=)" : "", plan.candidates.size(), plan.heuristic_count, refused, other_bits,
              slower, unscreened, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), first_ms,
              best_heuristic_ms, best, best_ms, matmul_algo_name(plan.candidates[best]).c_str());
-    bc.tune_log.push_back(line);
     if (bc.tune_print) printf("matmul %s\n", line);
     plan.algo = plan.candidates[best];
     plan.candidates.clear();

@@ -2,8 +2,8 @@
 # The matmul lab on a GPU machine: build it, validate every version, benchmark the d12 step's GEMMs
 # (every algorithm cuBLASLt offers), and PyTorch's same GEMMs in the same call. Logs: $OUT/matmul/.
 #   ROWS=65536 ALGOS=16 bash scripts/device_matmul.sh
-# WIDE=1: the benchmark's header tunes over every configuration cuBLASLt accepts (--wide; the tuning
-# log, one line per plan, is printed). TORCH=0 skips PyTorch's side.
+# WIDE=1: the benchmark's header tunes also over the configurations around cuBLASLt's heuristic
+# (--wide; one line per plan says what it kept). TORCH=0 skips PyTorch's side.
 set -u
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH

@@ -19,7 +19,7 @@
 //   2  the header as training calls it (matmul_forward, matmul_backward; the residual as cuBLASLt's C).
 //   2w the header with --wide (train_gpt -tw 1): each plan tuned also over the configurations around
 //     the heuristic's list (matmul_config_space: each candidate's custom options x cluster shapes x
-//     swizzles, and its algorithm's other tiles; split-K 1), within a time budget per plan. Validation
+//     swizzles, and its algorithm's other tiles; its split-K), within a time budget per plan. Validation
 //     runs the same way then; version 3's listing is skipped.
 //   3  every algorithm cuBLASLt's heuristic offers for the shape (up to --algos of them, in its order),
 //     each run on its own: how much the heuristic's first choice leaves on the table, and whether
@@ -553,8 +553,8 @@ void usage(FILE* f) {
             "  --force    benchmark even when validation failed (it says so)\n"
             "  --rows N   rows of the benchmark's activations (default 65536 = B 64 x T 1024)\n"
             "  --algos K  cuBLASLt algorithms asked of the heuristic per GEMM (default 16)\n"
-            "  --wide     the header tunes each plan over every configuration cuBLASLt accepts for it, not only\n"
-            "             the heuristic's list (train_gpt -tw 1); the log says what each plan kept\n");
+            "  --wide     the header tunes each plan also over the configurations around the heuristic's list\n"
+            "             (train_gpt -tw 1); one line per plan says what it kept\n");
 }
 
 int main(int argc, char** argv) {
