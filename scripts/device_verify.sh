@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Verification of a change to GPU code in two device calls that each fit 10 minutes, newest risk first
 # (PART=1 then PART=2, back to back so the machine stays warm; the whole `make test` is
-# scripts/device_check.sh). Logs under $OUT/verify/.
+# scripts/device_check.sh). Logs under $OUT/verify/, archived in $OUT/verify_partN.tgz (scripts/device_lib.sh).
 #   PART=1  build; every lab --check (LayerNorm, attention); test/test_gpt.sh (both precisions, every
 #           configuration); LayerNorm benchmark of the header's versions (forward 5, backward 7 and 8)
 #           with a memcheck of the backward; training throughput of ours (scripts/bench_train.sh, no
@@ -34,29 +34,8 @@
 set -u
 PART=${PART:-1}
 [[ $PART == [123456789] ]] || { echo "error: PART must be 1 to 9, got '$PART'" >&2; exit 1; }
-cd "$(dirname "$0")/.."
-export PATH=/usr/local/cuda/bin:$PATH
-OUT=${OUT:-out}
-log=$OUT/verify
-mkdir -p "$log"
-# The device returns few files: everything in one archive too, also when a time limit cuts the run short.
-trap 'tar -czf "$OUT/verify_logs.tgz" -C "$OUT" verify' EXIT
-export GPT_MIRROR=${GPT_MIRROR:-.carry/mirror}
-PY=${PYTHON:-python3}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-started=$SECONDS
-make -j16 all > "$log/build.log" 2>&1 || { tail -n 30 "$log/build.log"; exit 1; }
-echo "build: $((SECONDS - started)) s"
-step() {  # step NAME COMMAND...: run, log to $log/NAME.log, print the count lines and the time
-    local name=$1 t=$SECONDS
-    shift
-    "$@" > "$log/$name.log" 2>&1
-    local rc=$?
-    echo "--- $name: exit $rc, $((SECONDS - t)) s"
-    grep -E "passed, [0-9]+ failed|FAIL|!!!|error" "$log/$name.log" | grep -v " ok " | tail -n 8
-}
-lab_check() { step lab_check bash -c 'rc=0; for p in $(MAKEFLAGS= make -s list-programs | tr " " "\n" | grep dev/cuda/); do echo "=== $p"; ./$p --check | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'; }
-prepare() { "$PY" data/prepare_tinyshakespeare.py > "$log/data.log" 2>&1 || tail -n 5 "$log/data.log"; }
+NAME=verify
+source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
     lab_check
     step test_gpt bash test/test_gpt.sh
@@ -64,7 +43,6 @@ if [[ $PART == 1 ]]; then
     echo "--- layernorm lab: exit $?"
     grep -E "^  [0-9]+ +(fp32|bf16) +[0-9]+ " "$log/layernorm.log" | tail -n 30
     grep -E "ERROR SUMMARY|!!!" "$log/layernorm.log"
-    prepare
     OUT="$log" BATCHES="16 32 64" STEPS=20 TORCH=0 PROFILE_BATCHES=16 timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 90
 elif [[ $PART == 2 ]]; then
     step test_resume bash test/test_resume.sh
@@ -90,7 +68,7 @@ elif [[ $PART == 4 ]]; then
     lab_check
     step classifier ./dev/cuda/classifier
     grep -E "^  [0-9]+ +(fp32|bf16) |copy" "$log/classifier.log"
-    step unit_tests bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    unit_tests
     step attention_forward ./dev/cuda/attention_forward 4 5 7 8 9 --no-validate
     grep -E "^ *(4|5|7|8|9) +bf16" "$log/attention_forward.log"
     step attention_backward ./dev/cuda/attention_backward 4 10 11 --no-validate
@@ -103,7 +81,6 @@ elif [[ $PART == 4 ]]; then
     echo "--- attention vs torch: exit $?"
     tail -n 14 "$log/attention_vs_torch.log"
     step test_gpt bash test/test_gpt.sh
-    prepare
     OUT="$log" BATCHES="16 64" STEPS=20 TORCH=0 PROFILE_BATCHES="16 64" GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 60
 elif [[ $PART == 5 ]]; then
     for i in 1 2; do
@@ -111,7 +88,6 @@ elif [[ $PART == 5 ]]; then
         echo "--- attention vs torch ($i): exit $?"
         grep -E "^(ours|torch) |ours / torch|agreement" "$log/attention_vs_torch_$i.log"
     done
-    prepare
     OUT="$log" BATCHES="16 32 64" STEPS=20 TORCH_BATCHES="32 64" PROFILE_BATCHES=64 GELU_BATCH=none RECOMPUTE_BATCH=64 timeout 330 bash scripts/bench_train.sh 2>&1 | tail -n 60
     for p in bf16 fp32; do  # same seed: bf16 should track fp32's validation loss
         timeout 120 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
@@ -119,12 +95,10 @@ elif [[ $PART == 5 ]]; then
     done
 elif [[ $PART == 6 ]]; then
     lab_check
-    grep -E "^=== |passed, " "$log/lab_check.log"
     step classifier ./dev/cuda/classifier 2 3 4 5 --rows 65536
     grep -E "^  [0-9]+ +(fp32|bf16) |copy|not run" "$log/classifier.log"
-    step unit_tests bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    unit_tests
     step test_resume bash test/test_resume.sh
-    prepare
     OUT="$log" BATCHES="64" STEPS=20 TORCH=0 PROFILE_BATCHES="64" GELU_BATCH=none RECOMPUTE_BATCH=none timeout 200 bash scripts/bench_train.sh 2>&1 | tail -n 40
 elif [[ $PART == 7 ]]; then
     for p in layernorm_backward attention_backward; do step check_$p ./dev/cuda/$p --check; done
@@ -132,7 +106,6 @@ elif [[ $PART == 7 ]]; then
     grep -E "^  [0-9]+|copy" "$log/ln_bench.log" | tail -n 12
     step attn_bench ./dev/cuda/attention_backward 11 --no-validate
     grep -E "TFLOP|^ *(v|version)? *11" "$log/attn_bench.log" | tail -n 8
-    prepare
     for ov in 0 1 0 1; do
         ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 -ov $ov > "$log/b64_ov$ov.log" 2>&1
         echo "-ov $ov B=64 (rc $?): $(grep -E '^done' "$log/b64_ov$ov.log")"
@@ -148,13 +121,11 @@ elif [[ $PART == 7 ]]; then
 elif [[ $PART == 8 ]]; then
     step test_gpt bash test/test_gpt.sh
     grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
-    step unit_tests bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+    unit_tests
     step test_resume bash test/test_resume.sh
     step test_train_cli bash test/test_train_cli.sh
 elif [[ $PART == 9 ]]; then
     lab_check
-    grep -E "^=== |passed, " "$log/lab_check.log"
-    prepare
     OUT="$log" FLAGSETS="-ov 0;-ov 1" ROUNDS=2 STEPS=20 BATCHES=64 timeout 200 bash scripts/device_flag_ab.sh 2>&1 | grep -E "^B=|^breakdown"
 elif [[ $PART == 3 ]]; then
     lab_check
@@ -162,7 +133,6 @@ elif [[ $PART == 3 ]]; then
     echo "--- layernorm lab and side-by-side: exit $?"
     grep -E "^  [0-9]+ +(fp32|bf16) +[0-9]+ |!!!" "$log/layernorm.log"
     sed -n '/^forward$/,$p' "$log/layernorm.log"
-    prepare
     for p in bf16 fp32; do  # same seed: bf16 should track fp32's validation loss
         timeout 120 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
         echo "$p 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
