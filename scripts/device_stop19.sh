@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Stop 19's device calls (matmul tuning under sustained load, train_gpt -th), each fitting one 10-minute
+# call. Logs under $OUT/stop19/, all of them in $OUT/stop19_partN.tgz (scripts/device_lib.sh).
+#   PART=1  B=64 training A/B (scripts/device_flag_ab.sh, interleaved rounds; the losses must be the
+#           same bits): -tw 0, -th 1, -tw 1, -tw 1 -th 1 (FLAGSETS to change), then what each plan's
+#           hot timing kept.
+#   PART=2  the fused attention backward (version 14): the lab's versions 13 and 14 validated (and 14
+#           against 13 bit for bit at small rings) and benchmarked, 14 at several --lag/--slots, a
+#           memcheck of 14; then a training A/B of source trees (AB_DIRS, default .carry/ab/base and the
+#           working tree; scripts/device_tree_ab.sh) at B=64, -tw 0 (AB_FLAGS).
+#   PART=3  version 14 at larger rings (RINGS: "lag slots;..."), beside version 13.
+set -u
+PART=${PART:-1}
+[[ $PART == [123] ]] || { echo "error: PART must be 1 to 3, got '$PART'" >&2; exit 1; }
+NAME=stop19
+source "$(dirname "$0")/device_lib.sh"
+ring_sweep() {  # ring_sweep "LAG SLOTS;LAG SLOTS;...": version 14's time at each, version 13's first
+    echo "v13: $(timeout 60 ./dev/cuda/attention_backward 13 --no-validate | grep -E "^  13 ")"
+    local rings ring lag slots
+    IFS=';' read -r -a rings <<<"$1"
+    for ring in "${rings[@]}"; do
+        read -r lag slots <<<"$ring"
+        echo "v14 --lag $lag --slots $slots: $(timeout 60 ./dev/cuda/attention_backward 14 --no-validate --lag "$lag" --slots "$slots" | grep -E "^  14 ")"
+    done
+}
+if [[ $PART == 1 ]]; then
+    OUT="$log" FLAGSETS="${FLAGSETS:--tw 0;-th 1;-tw 1;-tw 1 -th 1}" ROUNDS=${ROUNDS:-2} STEPS=20 BATCHES=64 PF=0 \
+        timeout $((570 - (SECONDS - started))) bash scripts/device_flag_ab.sh 2>&1 | grep -E "^B="
+    for f in "$log"/flag_ab/B64_*th1*_1.log; do
+        echo "== $f"
+        grep -E "^matmul tuned.*hot" "$f" | sed -E 's/^matmul tuned //; s/: [0-9]+ candidates.*\| hot/ | hot/' | cut -c1-200
+    done
+elif [[ $PART == 2 ]]; then
+    step attn_v13_v14 240 ./dev/cuda/attention_backward 13 14
+    grep -E "v14 = v13|FAIL|^  1[34] " "$log/attn_v13_v14.log" | grep -vE "bitwise identical$" | head -n 40
+    ring_sweep "${RINGS:-0 4;2 8;4 8;8 16;16 24;24 32}"
+    step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_backward 14 --no-validate -b 2 -n 12 -t 300 --slots 3 --lag 2
+    grep -E "ERROR SUMMARY" "$log/memcheck.log"
+    OUT="$log" AB_DIRS="${AB_DIRS:-.carry/ab/base .}" AB_FLAGS="${AB_FLAGS:--tw 0}" timeout $((590 - (SECONDS - started))) \
+        bash scripts/device_tree_ab.sh
+elif [[ $PART == 3 ]]; then
+    ring_sweep "${RINGS:-32 48;32 64;40 80;48 96;64 128;96 192;128 384}"
+fi
+echo "done at $((SECONDS - started)) s"
