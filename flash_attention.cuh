@@ -970,28 +970,25 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 // reads its A fragments straight from global memory (one coalesced 512-byte row per 16x16 block, the
 // next tile's prefetched into registers during this one's MMAs); k tiles are double-buffered in
 // shared memory. Bound by reading dS (8 KB per tile pair), not by arithmetic.
-// The block's work as a function: query tile qt of head (b, h), whose dS tiles start at ds_head
-// (ds_tile_index(b, h, ...) in the full layout, a ring slot in the fused backward). dS is read with
-// ld.global.cg (L2, not L1): in the fused backward a ring slot holds another head's tiles later, and
-// L1 is not coherent with other SMs' writes.
 template <int HS>
-__device__ __forceinline__ void backward_dq_from_ds_block(unsigned char* smem_raw, bf16* dqkv, const uint4* ds_head,
-                                                          const bf16* qkv, int T, int NH, float scale, int n_qt, int qt, int h,
-                                                          int b) {
+__global__ void __launch_bounds__(kDsTile * 2)
+    backward_dq_from_ds_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
     constexpr int BQ = kDsTile, BK = kDsTile, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = kDsTile * 2;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // 2 x BK x LD
 
+    const int n_qt = gridDim.x, qt = n_qt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest first
     const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
     const size_t stride = 3 * size_t(C);
     const bf16* k_src = qkv + size_t(b) * T * stride + C + h * HS;
-    const uint4* frag = ds_head + ds_tile_index(0, 0, NH, n_qt, qt, 0) * kDsTileVecs + warp * KSTEPS * 32 +
+    const uint4* frag = ds + ds_tile_index(b, h, NH, n_qt, qt, 0) * kDsTileVecs + warp * KSTEPS * 32 +
                         lane;  // + j kDsTileVecs + ks 32: tile j, key step ks
 
     load_rows_async<HS, LD, THREADS>(sK, k_src, stride, 0, BK, T);
     cp_async_commit();
     uint4 cur[KSTEPS], next[KSTEPS];
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = __ldcg(frag + ks * 32);
+    for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = frag[ks * 32];
     float dq[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
@@ -1003,7 +1000,7 @@ __device__ __forceinline__ void backward_dq_from_ds_block(unsigned char* smem_ra
             load_rows_async<HS, LD, THREADS>(sK + ((j + 1) & 1) * BK * LD, k_src, stride, (j + 1) * BK, BK, T);
             cp_async_commit();
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) next[ks] = __ldcg(frag + (j + 1) * kDsTileVecs + ks * 32);
+            for (int ks = 0; ks < KSTEPS; ks++) next[ks] = frag[(j + 1) * kDsTileVecs + ks * 32];
         }
         const bf16* cK = sK + (j & 1) * BK * LD;
 #pragma unroll
@@ -1033,15 +1030,6 @@ __device__ __forceinline__ void backward_dq_from_ds_block(unsigned char* smem_ra
             *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
                 __floats2bfloat162_rn(dq[dt][hf * 2] * scale, dq[dt][hf * 2 + 1] * scale);
     }
-}
-
-template <int HS>
-__global__ void __launch_bounds__(kDsTile * 2)
-    backward_dq_from_ds_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int n_qt = gridDim.x, h = blockIdx.y, b = blockIdx.z;
-    backward_dq_from_ds_block<HS>(smem_raw, dqkv, ds + ds_tile_index(b, h, NH, n_qt, 0, 0) * kDsTileVecs, qkv, T, NH, scale, n_qt,
-                                  n_qt - 1 - blockIdx.x, h, b);  // heaviest first
 }
 
 template <int HS>
@@ -1098,13 +1086,15 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
 // all K-major in shared memory; dP^T still runs while P^T is computed), then dv += P^T dO and dk += dS^T
 // q (A = P^T, dS^T from registers; B = dO, q as stored, MN-major). Each warp's accumulator rows are
 // its 16 keys in mma.sync's layout, so P^T, dS^T, their masking and the stored dS tiles are the
-// mma.sync kernel's, element for element. As a function: key block kb of head (b, h), its dS tiles
-// from ds_head on (see backward_dq_from_ds_block).
-__device__ __forceinline__ void backward_dkdv_wgmma_block(unsigned char* smem_raw, bf16* dqkv, uint4* ds_head, const bf16* dout,
-                                                          const float* lse, const float* Dsum, const bf16* qkv, int T, int NH,
-                                                          float scale, int kb, int h, int b) {
+// mma.sync kernel's, element for element.
+// MIN_BLOCKS 3 holds it to 168 registers (3 warpgroups per SM, 16 bytes of spill); 2 leaves it 170.
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(128, MIN_BLOCKS)
+    backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
+                               int T, int NH, float scale) {
 #ifdef FLASH_HAVE_WGMMA
     constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 128, TILE = 64 * 64;
+    extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
     bf16* sK = reinterpret_cast<bf16*>(smem);  // BK x 64
     bf16* sV = sK + TILE;                      // BK x 64
@@ -1113,6 +1103,7 @@ __device__ __forceinline__ void backward_dkdv_wgmma_block(unsigned char* smem_ra
     float* sL = reinterpret_cast<float*>(sO + 2 * TILE);  // 2 x BQ (lse)
     float* sD = sL + 2 * BQ;                              // 2 x BQ (D)
 
+    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // early key blocks (most work) first
     const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
     const size_t stride = 3 * size_t(C);
     const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
@@ -1201,7 +1192,7 @@ __device__ __forceinline__ void backward_dkdv_wgmma_block(unsigned char* smem_ra
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
-        uint4* tile = ds_head + ds_tile_index(0, 0, NH, n_qt, qt, kb) * kDsTileVecs;
+        uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
@@ -1240,17 +1231,6 @@ __device__ __forceinline__ void backward_dkdv_wgmma_block(unsigned char* smem_ra
 #endif
 }
 
-// MIN_BLOCKS 3 holds it to 168 registers (3 warpgroups per SM, 16 bytes of spill); 2 leaves it 170.
-template <int MIN_BLOCKS>
-__global__ void __launch_bounds__(128, MIN_BLOCKS)
-    backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
-                               int T, int NH, float scale) {
-    extern __shared__ unsigned char smem_raw[];
-    const int kb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // early key blocks (most work) first
-    backward_dkdv_wgmma_block(smem_raw, dqkv, ds + ds_tile_index(b, h, NH, gridDim.x, 0, 0) * kDsTileVecs, dout, lse, Dsum, qkv,
-                              T, NH, scale, kb, h, b);
-}
-
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
 template <int MIN_BLOCKS>
@@ -1267,113 +1247,6 @@ bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf1
     const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
     backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
                                                                                                              scale);
-    cuda_check_launch();
-    return true;
-}
-
-// The dS-storing backward in one launch (backward_fused_wgmma_kernel): the dk/dv blocks of a head and,
-// a few heads later, its dq blocks, so that dq reads the dS tiles from L2 soon after they were written
-// instead of from memory after the whole dk/dv pass (0.86 GB written and read back at B=64 NH=12
-// T=1024), and its memory-bound blocks run beside the dk/dv blocks' products. The tiles go to a ring
-// of `slots` heads' worth of room (~1.1 MB a head at T=1024), small enough to stay in L2.
-//   Order: each block takes a ticket (an atomic counter) when it starts, and the ticket, not blockIdx,
-//   says what it does: the n dk/dv blocks of head bh, then the n dq blocks of head bh - lag, head by
-//   head (n = ceil(T / 64)).
-//   Waits: a dq block waits until all n dk/dv blocks of its head have stored their tiles; a dk/dv block
-//   of head bh >= slots waits until the n dq blocks of head bh - slots (the ring slot's previous head)
-//   have read theirs. Both wait only for blocks with earlier tickets, which are running or done (a
-//   block takes its ticket once it runs), so there is no deadlock as long as lag < slots.
-//   Counters: per head, dk/dv blocks done and dq blocks done; a block signals after a barrier and a
-//   fence (its stores or loads are complete), a waiter polls with ld.acquire.
-// Every block computes exactly what the two separate kernels' blocks compute, with the same tiles in
-// the same order: the same bits.
-constexpr int kFusedLag = 8, kFusedSlots = 16;  // heads (dev/cuda/attention_backward.cu, version 14)
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void wait_at_least(const int* counter, int target) {
-    if (threadIdx.x == 0)
-        while (load_acquire(counter) < target) __nanosleep(64);
-    __syncthreads();
-}
-__device__ __forceinline__ void signal_done(int* counter) {
-    __syncthreads();  // every thread's stores (dk/dv side) or loads (dq side) of the tiles are done
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(counter, 1);
-    }
-}
-
-// sync: 1 + 2 B NH ints, zero at launch: the ticket counter, then per head the dk/dv blocks done, then
-// the dq blocks done.
-template <int MIN_BLOCKS>
-__global__ void __launch_bounds__(128, MIN_BLOCKS)
-    backward_fused_wgmma_kernel(bf16* dqkv, uint4* ring, int* sync, const bf16* dout, const float* lse, const float* Dsum,
-                                const bf16* qkv, int T, int NH, int BH, int lag, int slots, float scale) {
-    extern __shared__ unsigned char smem_raw[];
-    __shared__ int ticket;
-    if (threadIdx.x == 0) ticket = atomicAdd(sync, 1);
-    __syncthreads();
-    const int n = (T + kDsTile - 1) / kDsTile;
-    int t = ticket, bh, r;
-    bool key_side;
-    if (t < lag * n) {  // the first `lag` heads: dk/dv only
-        key_side = true, bh = t / n, r = t % n;
-    } else if ((t -= lag * n) < (BH - lag) * 2 * n) {  // dk/dv of head s, then dq of head s - lag
-        const int step = lag + t / (2 * n);
-        r = t % (2 * n);
-        key_side = r < n;
-        bh = key_side ? step : step - lag;
-        if (!key_side) r -= n;
-    } else {  // the last `lag` heads' dq
-        t -= (BH - lag) * 2 * n;
-        key_side = false, bh = BH - lag + t / n, r = t % n;
-    }
-    int* key_done = sync + 1;
-    int* query_done = sync + 1 + BH;
-    uint4* ds_head = ring + size_t(bh % slots) * ds_tile_index(1, 0, 1, n, 0, 0) * kDsTileVecs;
-    const int h = bh % NH, b = bh / NH;
-    if (key_side) {
-        if (bh >= slots) wait_at_least(query_done + bh - slots, n);
-        backward_dkdv_wgmma_block(smem_raw, dqkv, ds_head, dout, lse, Dsum, qkv, T, NH, scale, r, h, b);  // r = 0: most work
-        signal_done(key_done + bh);
-    } else {
-        wait_at_least(key_done + bh, n);
-        backward_dq_from_ds_block<64>(smem_raw, dqkv, ds_head, qkv, T, NH, scale, n, n - 1 - r, h, b);  // heaviest first
-        signal_done(query_done + bh);
-    }
-}
-
-// The backward's scratch (flash_attention_backward_scratch_bytes): D, fp32 (B, NH, T), padded to 256
-// bytes, then the fused backward's counters, 1 + 2 B NH ints.
-inline size_t backward_d_bytes(int B, int T, int NH) { return (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256; }
-inline size_t backward_fused_sync_ints(int B, int NH) { return 1 + 2 * size_t(B) * NH; }
-inline int* backward_fused_sync(void* scratch, int B, int T, int NH) {
-    return reinterpret_cast<int*>(static_cast<char*>(scratch) + backward_d_bytes(B, T, NH));
-}
-
-// false where it does not run (HS != 64, not an sm_90 GPU, no sync room, or a ring of `slots` heads
-// does not fit ring_bytes).
-template <int MIN_BLOCKS>
-bool backward_fused_wgmma(bf16* dqkv, float* D, int* sync, uint4* ring, size_t ring_bytes, const bf16* dout, const bf16* out,
-                          const float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream,
-                          int lag = kFusedLag, int slots = kFusedSlots) {
-    if (HS != 64 || !ring || !sync || !wgmma_available()) return false;
-    const int n = (T + kDsTile - 1) / kDsTile, BH = B * NH;
-    if (BH > (1 << 30) / (2 * n)) return false;  // tickets would overflow an int
-    slots = std::max(1, std::min(slots, BH));
-    lag = std::max(0, std::min(lag, slots - 1));  // lag < slots: see above
-    if (size_t(slots) * ds_tile_index(1, 0, 1, n, 0, 0) * kDsTileVecs * sizeof(uint4) > ring_bytes) return false;
-    launch_backward_dot<64>(D, dout, out, B, T, NH, stream);
-    cuda_check(cudaMemsetAsync(sync, 0, backward_fused_sync_ints(B, NH) * sizeof(int), stream));
-    const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;  // the dk/dv side's; dq needs less
-    static bool configured = false;
-    if (!configured) allow_smem(backward_fused_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
-    backward_fused_wgmma_kernel<MIN_BLOCKS><<<unsigned(2 * BH * n), 128, smem, stream>>>(dqkv, ring, sync, dout, lse, D, qkv, T,
-                                                                                         NH, BH, lag, slots, 1.0f / 8.0f);
     cuda_check_launch();
     return true;
 }
@@ -1595,11 +1468,10 @@ inline void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_b
     }
 }
 
-// Scratch for the backward: D = rowsum(dout * out), fp32 (B, NH, T), then the fused backward's
-// counters (1 + 2 B NH ints).
+// Scratch for the backward: D = rowsum(dout * out), fp32 (B, NH, T).
 inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
     (void)HS;
-    return flash_detail::backward_d_bytes(B, T, NH) + flash_detail::backward_fused_sync_ints(B, NH) * sizeof(int);
+    return (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256;
 }
 
 // Optional second scratch for the backward: room for dS, bf16, in 64 x 64 tiles on and below the
@@ -1621,10 +1493,6 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
     const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(out) &&
                       is_aligned16(qkv);
     if (fast) {
-        if (is_aligned16(ds_scratch) &&
-            backward_fused_wgmma<3>(dqkv, D, backward_fused_sync(scratch, B, T, NH), static_cast<uint4*>(ds_scratch),
-                                    ds_scratch_bytes, dout, out, lse, qkv, B, T, NH, HS, stream))
-            return;
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
         if (store_ds && backward_wgmma<3>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,

@@ -128,9 +128,6 @@ struct BlasContext {
     bool tune_wide = false, tune_print = false;
     size_t tune_wide_max = 3000;
     double tune_wide_seconds = 3.0;
-    // tune_hot (train_gpt -th 1, lab --hot): the finalists are also timed under sustained load, each
-    // run back to back until the GPU sits at its power cap, and the fastest there wins (matmul_tune).
-    bool tune_hot = false;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
@@ -504,7 +501,6 @@ template <typename T> unsigned long long hash_bits(const T* x, size_t n, cudaStr
 // and the kMatmulTuneFinalists fastest others with #0's bits are timed kMatmulTuneReps times each,
 // and the lowest median wins. Timing noise can change which candidate wins, never the bits.
 constexpr int kMatmulTuneFinalists = 8;
-constexpr float kMatmulHotWindow = 0.15f, kMatmulHotHeatMs = 40.0f, kMatmulHotTimeMs = 25.0f;
 template <typename T, typename Run>
 void matmul_tune(MatmulPlan& plan, Run run_once, T* D, const T* aux_out, size_t elements, cudaStream_t stream,
                  bool in_place) {
@@ -573,7 +569,6 @@ void matmul_tune(MatmulPlan& plan, Run run_once, T* D, const T* aux_out, size_t 
     std::sort(kept.begin(), kept.end());
     float best_ms = INFINITY, first_ms = NAN, best_heuristic_ms = INFINITY;
     size_t best = 0, others = 0;
-    std::vector<std::pair<float, size_t>> finalists;  // (median ms, candidate)
     for (const auto& [screen_ms, i] : kept) {
         const bool heuristic = i < plan.heuristic_count;
         if (!heuristic && others++ >= (size_t)kMatmulTuneFinalists) continue;
@@ -581,60 +576,20 @@ void matmul_tune(MatmulPlan& plan, Run run_once, T* D, const T* aux_out, size_t 
         for (int r = 0; r < kMatmulTuneReps; r++) ms[r] = time_once(plan.candidates[i]);
         std::sort(ms, ms + kMatmulTuneReps);
         const float median = ms[kMatmulTuneReps / 2];
-        finalists.push_back({median, i});
         if (i == 0) first_ms = median;
         if (heuristic) best_heuristic_ms = std::min(best_heuristic_ms, median);
         if (median < best_ms) best_ms = median, best = i;
     }
-    // tune_hot: the short runs above time each kernel on a cool GPU at its highest clock, but training
-    // keeps the GPU at its power cap, where a kernel's time follows the energy it spends (a kernel that
-    // moves more data or toggles more bits per FLOP pulls the clock lower). So the finalists within
-    // kMatmulHotWindow of the fastest are also timed hot: each runs back to back for kMatmulHotHeatMs
-    // (the clock settles at what that kernel's power allows), then kMatmulHotTimeMs timed, in two
-    // round-robin passes (the better of the two counts); the fastest hot wins. In place (D +=), D
-    // accumulates over these runs; it is put back at the end like every other time.
-    char hot_note[160] = "";
-    if (bc.tune_hot && finalists.size() > 1) {
-        std::sort(finalists.begin(), finalists.end());
-        size_t n = 0;
-        while (n < finalists.size() && n < (size_t)kMatmulTuneFinalists &&
-               finalists[n].first <= finalists[0].first * (1.0f + kMatmulHotWindow))
-            n++;
-        std::vector<float> hot(n, INFINITY);
-        for (int pass = 0; pass < 2; pass++)
-            for (size_t f = 0; f < n; f++) {
-                const cublasLtMatmulAlgo_t& algo = plan.candidates[finalists[f].second];
-                const float cold = std::max(finalists[f].first, 1e-3f);
-                const int heat = (int)std::min(100000.0f, kMatmulHotHeatMs / cold + 1.0f);
-                const int reps = (int)std::min(100000.0f, std::max(3.0f, kMatmulHotTimeMs / cold + 1.0f));
-                restore();
-                for (int r = 0; r < heat; r++) run_once(algo);
-                float ms = 0.0f;
-                cuda_check(cudaEventRecord(start, stream));
-                for (int r = 0; r < reps; r++) run_once(algo);
-                cuda_check(cudaEventRecord(stop, stream));
-                cuda_check(cudaEventSynchronize(stop));
-                cuda_check(cudaEventElapsedTime(&ms, start, stop));
-                hot[f] = std::min(hot[f], ms / reps);
-            }
-        const size_t f = std::min_element(hot.begin(), hot.end()) - hot.begin();
-        const size_t cold_f = std::find_if(finalists.begin(), finalists.begin() + n,
-                                           [&](const auto& x) { return x.second == best; }) - finalists.begin();
-        snprintf(hot_note, sizeof(hot_note), " | hot (%zu timed): cold's pick #%zu %.4f ms, kept #%zu %.4f ms", n, best,
-                 cold_f < n ? hot[cold_f] : NAN, finalists[f].second, hot[f]);
-        best = finalists[f].second;
-        best_ms = finalists[f].first;
-    }
     cuda_check(cudaEventDestroy(start));
     cuda_check(cudaEventDestroy(stop));
-    char line[800];
+    char line[640];
     snprintf(line, sizeof(line),
              "tuned m %d n %d k %d epilogue %d%s: %zu candidates (%zu the heuristic's): %zu refused, %zu other bits, %zu "
              "slower than 8 kept, %zu not screened (%.1f s) | #0 %.4f ms, best of the heuristic's %.4f ms, kept #%zu %.4f ms "
-             "(%s)%s",
+             "(%s)",
              plan.m, plan.n, plan.k, (int)plan.epilogue, in_place ? " (D +=)" : "", plan.candidates.size(), plan.heuristic_count, refused, other_bits,
              slower, unscreened, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), first_ms,
-             best_heuristic_ms, best, best_ms, matmul_algo_name(plan.candidates[best]).c_str(), hot_note);
+             best_heuristic_ms, best, best_ms, matmul_algo_name(plan.candidates[best]).c_str());
     if (bc.tune_print) printf("matmul %s\n", line);
     plan.algo = plan.candidates[best];
     plan.candidates.clear();

@@ -49,11 +49,6 @@
 //      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
 //   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
 //      of spill).
-//   14 as 13 in one launch (backward_fused_wgmma_kernel): blocks take tickets that say what they do,
-//      the dk/dv blocks of a head and --lag heads later its dq blocks, which wait (a counter per head)
-//      for its dS tiles; the tiles go to a ring of --slots heads' room that a dk/dv block reuses once the
-//      slot's previous head's dq blocks are done. dq then reads dS from L2 soon after it was written,
-//      not from memory after the whole pass, and its memory-bound blocks run beside the products.
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -68,8 +63,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 14;
-int g_fused_lag = flash_detail::kFusedLag, g_fused_slots = flash_detail::kFusedSlots;  // version 14 (--lag, --slots)
+constexpr int kNumVersions = 13;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -216,15 +210,6 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
             }
             break;
-        case 14:
-            ran = flash_detail::backward_fused_wgmma<3>(dqkvb, sc.D.ptr, flash_detail::backward_fused_sync(sc.D.ptr, B, T_, NH), sc.ds->ptr,
-                                                        sc.ds->n * sizeof(uint4), doutb, outb, lse, qkvb, B, T_, NH, HS, 0,
-                                                        g_fused_lag, g_fused_slots);
-            if (!ran) {
-                ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
-                if (ran) return "no wgmma path for this HS or GPU, ran v10";
-            }
-            break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }
     if (!ran) {
@@ -328,54 +313,6 @@ bool check_deterministic(const AttnShape& s) {
     return same;
 }
 
-// Version 14 against 13 (validated against the reference above), bit for bit, at rings small enough
-// that slots are reused many times over (B NH up to 60 heads, 1 to 16 slots, lags from 0) and at the
-// header's defaults: the fused launch must compute exactly what the two kernels compute.
-bool check_fused_matches(const AttnShape& s, int lag, int slots) {
-    typedef __nv_bfloat16 bf16;
-    const Inputs in = make_inputs(s, 777, nullptr);
-    DeviceBuffer<bf16> qkv(in.qkv.size(), "qkv"), dout(in.dout.size(), "dout"), out(in.out.size(), "out");
-    DeviceBuffer<bf16> d13(in.qkv.size(), "dqkv"), d14(in.qkv.size(), "dqkv");
-    DeviceBuffer<float> lse(in.lse.size(), "lse");
-    qkv.upload(convert<bf16>(in.qkv)), dout.upload(convert<bf16>(in.dout)), out.upload(convert<bf16>(in.out)), lse.upload(in.lse);
-    Scratch<bf16> sc(s, false, true);
-    d13.poison(), d14.poison();
-    const bool ran13 = flash_detail::backward_wgmma<3>(d13.ptr, sc.D.ptr, sc.ds->ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T,
-                                                       s.NH, s.HS, 0);
-    sc.ds->poison();
-    const bool ran14 = flash_detail::backward_fused_wgmma<3>(d14.ptr, sc.D.ptr, flash_detail::backward_fused_sync(sc.D.ptr, s.B, s.T, s.NH),
-                                                             sc.ds->ptr, sc.ds->n * sizeof(uint4), dout.ptr, out.ptr, lse.ptr,
-                                                             qkv.ptr, s.B, s.T, s.NH, s.HS, 0, lag, slots);
-    cuda_check(cudaDeviceSynchronize());
-    if (!ran13 || !ran14) {
-        printf("  FAIL: a version did not run (13: %d, 14: %d)\n", ran13, ran14);
-        return false;
-    }
-    const auto a = d13.download(), b = d14.download();
-    size_t diff = 0;
-    for (size_t i = 0; i < a.size(); i++) diff += memcmp(&a[i], &b[i], sizeof(bf16)) != 0;
-    printf("  v14 (lag %d, slots %d) against v13: %zu of %zu elements differ%s\n", lag, slots, diff, a.size(),
-           diff ? "  FAIL" : " (bitwise identical)");
-    return diff == 0;
-}
-
-void check_fused(TestCounter& tests, bool gpu) {
-    const AttnShape shapes[] = {{1, 1, 1, 64}, {2, 3, 37, 64}, {4, 12, 200, 64}, {3, 5, 1000, 64}, {1, 1, 1024, 64}};
-    const int rings[][2] = {{0, 1}, {1, 2}, {3, 4}, {15, 16}, {flash_detail::kFusedLag, flash_detail::kFusedSlots}, {40, 100}};
-    for (const AttnShape& s : shapes)
-        for (const auto& ring : rings) {
-            char name[128];
-            snprintf(name, sizeof(name), "backward v14 = v13 bits B=%d NH=%d T=%d HS=%d lag %d slots %d", s.B, s.NH, s.T, s.HS,
-                     ring[0], ring[1]);
-            if (!gpu || !flash_detail::wgmma_available()) {
-                tests.skip(name);  // no GPU, or not an sm_90 one: neither version runs
-                continue;
-            }
-            printf("%s\n", name);
-            tests.record(check_fused_matches(s, ring[0], ring[1]));
-        }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Benchmark.
 
@@ -411,7 +348,6 @@ template <typename T> void benchmark(const std::vector<int>& versions, const Att
 void usage(FILE* f) {
     fprintf(f,
             "usage: attention_backward [versions...] [--check] [--no-validate] [-b B] [-n NH] [-t T] [-s HS] [--dtype fp32|bf16]\n"
-            "                          [--lag N] [--slots N]\n"
             "  versions      which versions to run (default: all), 1..%d; 3 and up are bf16 only\n"
             "  --check       validation only: every version, every check shape, fp32 and bf16, determinism (CI)\n"
             "  --no-validate benchmark only (by default the named versions are validated first)\n"
@@ -420,10 +356,8 @@ void usage(FILE* f) {
             "  -t T          benchmark sequence length (default 1024)\n"
             "  -s HS         benchmark head size (default 64)\n"
             "  --dtype T     benchmark dtype (default bf16; fp32 runs versions 1 and 2 only)\n"
-            "  --lag N       version 14: a head's dq blocks start N heads after its dk/dv blocks (default %d)\n"
-            "  --slots N     version 14: heads of dS room in the ring, more than --lag (default %d)\n"
             "  -h            this message\n",
-            kNumVersions, flash_detail::kFusedLag, flash_detail::kFusedSlots);
+            kNumVersions);
 }
 
 int main(int argc, char** argv) {
@@ -449,10 +383,6 @@ int main(int argc, char** argv) {
         } else if (a == "-s") {
             bench.HS = parse_int(value(), "-s", 1, usage);
             if (bench.HS > flash_detail::kPlainMaxHS) fail("-s must be <= %d", flash_detail::kPlainMaxHS);
-        } else if (a == "--lag") {
-            g_fused_lag = parse_int(value(), "--lag", 0, usage);
-        } else if (a == "--slots") {
-            g_fused_slots = parse_int(value(), "--slots", 1, usage);
         } else if (a == "--dtype") {
             bf16 = parse_dtype_is_bf16(value(), usage);
         } else if (!a.empty() && a[0] != '-') {
@@ -484,13 +414,11 @@ int main(int argc, char** argv) {
     if (check) {
         check_all(tests, gpu, all);  // CI: everything, whatever versions were named
         determinism();
-        check_fused(tests, gpu);
         return tests.finish();
     }
     if (!gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
     if (versions.empty()) versions = all;
     if (validate) check_all(tests, gpu, versions);
-    if (validate && std::find(versions.begin(), versions.end(), 14) != versions.end()) check_fused(tests, gpu);
     cudaDeviceProp prop;
     cuda_check(cudaGetDeviceProperties(&prop, 0));
     printf("\ndevice: %s, %d SMs\n", prop.name, prop.multiProcessorCount);

@@ -20,8 +20,7 @@
 //   2w the header with --wide (train_gpt -tw 1): each plan tuned also over the configurations around
 //     the heuristic's list (matmul_config_space: each candidate's custom options x cluster shapes x
 //     swizzles, and its algorithm's other tiles; its split-K), within a time budget per plan. Validation
-//     runs the same way then; version 3's listing is skipped. --hot (train_gpt -th 1) adds the timing of
-//     each plan's finalists under sustained load (matmul_tune).
+//     runs the same way then; version 3's listing is skipped.
 //   3  every algorithm cuBLASLt's heuristic offers for the shape (up to --algos of them, in its order),
 //     each run on its own: how much the heuristic's first choice leaves on the table, and whether
 //     the faster ones give the same bits (determinism).
@@ -542,27 +541,24 @@ void benchmark(int rows, int max_algos) {
            "%.2f ms\n", total_header, total_best);
     printf("residual epilogue (attproj and fcproj forward, 12 layers): %+.2f ms a step over the forwards without it, "
            "against 24 fused residual + LayerNorm forwards that become plain LayerNorms\n", total_residual);
-    printf("matmul tuning%s%s: %zu plans tuned, %zu kept an algorithm other than the heuristic's first\n",
-           blas().tune_wide ? " (--wide: the configurations around the heuristic's)" : "",
-           blas().tune_hot ? " (--hot: the finalists timed under sustained load)" : "", blas().tuned_plans,
+    printf("matmul tuning%s: %zu plans tuned, %zu kept an algorithm other than the heuristic's first\n",
+           blas().tune_wide ? " (--wide: the configurations around the heuristic's)" : "", blas().tuned_plans,
            blas().tuned_changed);
 }
 
 void usage(FILE* f) {
     fprintf(f,
-            "usage: matmul [--check] [--force] [--rows N] [--algos K] [--wide] [--hot]\n"
+            "usage: matmul [--check] [--force] [--rows N] [--algos K] [--wide]\n"
             "  --check    validate every version at small shapes (no benchmark)\n"
             "  --force    benchmark even when validation failed (it says so)\n"
             "  --rows N   rows of the benchmark's activations (default 65536 = B 64 x T 1024)\n"
             "  --algos K  cuBLASLt algorithms asked of the heuristic per GEMM (default 16)\n"
             "  --wide     the header tunes each plan also over the configurations around the heuristic's list\n"
-            "             (train_gpt -tw 1); one line per plan says what it kept\n"
-            "  --hot      the header times each plan's finalists also under sustained load and keeps the fastest\n"
-            "             there (train_gpt -th 1)\n");
+            "             (train_gpt -tw 1); one line per plan says what it kept\n");
 }
 
 int main(int argc, char** argv) {
-    bool check = false, force = false, wide = false, hot = false;
+    bool check = false, force = false, wide = false;
     int rows = 65536, algos = 16;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
@@ -576,8 +572,6 @@ int main(int argc, char** argv) {
             force = true;
         } else if (a == "--wide") {
             wide = true;
-        } else if (a == "--hot") {
-            hot = true;
         } else if (a == "--rows") {
             rows = parse_int(value(), "--rows", 1, usage);
         } else if (a == "--algos") {
@@ -591,8 +585,7 @@ int main(int argc, char** argv) {
     if (!check && !gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
     TestCounter tests;
     if (gpu) blas_init(size_t(std::max(rows, 1024)));
-    blas().tune_wide = wide;  // validation then checks what the wide (and hot) tuning keeps, too
-    blas().tune_hot = hot;
+    blas().tune_wide = wide;  // validation then checks what the wide tuning keeps, too
     check_all(tests, gpu);
     blas().tune_print = true;  // the benchmark's plans: one line each as it is tuned
     if (check) return tests.finish();
