@@ -10,9 +10,11 @@
 #           memcheck of 14; then a training A/B of source trees (AB_DIRS, default .carry/ab/base and the
 #           working tree; scripts/device_tree_ab.sh) at B=64, -tw 0 (AB_FLAGS).
 #   PART=3  version 14 at larger rings (RINGS: "lag slots;..."), beside version 13.
+#   PART=4  training A/B of source trees x flags (AB_DIRS, default .carry/ab/base and the working tree;
+#           AB_FLAGS, default -ov 1 / -ov 0; scripts/device_tree_ab.sh), then test/test_gpt.sh.
 set -u
 PART=${PART:-1}
-[[ $PART == [123] ]] || { echo "error: PART must be 1 to 3, got '$PART'" >&2; exit 1; }
+[[ $PART == [1234] ]] || { echo "error: PART must be 1 to 4, got '$PART'" >&2; exit 1; }
 NAME=stop19
 source "$(dirname "$0")/device_lib.sh"
 ring_sweep() {  # ring_sweep "LAG SLOTS;LAG SLOTS;...": version 14's time at each, version 13's first
@@ -41,5 +43,9 @@ elif [[ $PART == 2 ]]; then
         bash scripts/device_tree_ab.sh
 elif [[ $PART == 3 ]]; then
     ring_sweep "${RINGS:-32 48;32 64;40 80;48 96;64 128;96 192;128 384}"
+elif [[ $PART == 4 ]]; then
+    OUT="$log" AB_DIRS="${AB_DIRS:-.carry/ab/base .}" AB_FLAGS="${AB_FLAGS:--ov 1;-ov 0}" timeout 300 bash scripts/device_tree_ab.sh
+    step test_gpt $((590 - (SECONDS - started))) bash test/test_gpt.sh
+    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
 fi
 echo "done at $((SECONDS - started)) s"
