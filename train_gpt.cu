@@ -247,7 +247,7 @@ struct ActivationTensors {
     floatX* fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per layer
     floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer, written by fcproj's matmul
     floatX* lnf;        // (B, T, C)
-    floatX* logits;     // (min(B T, 2 kLogitsChunkRows), Vp): two chunks of rows' logits at a time, overwritten by
+    floatX* logits;     // (min(B T, kLogitsChunkRows), Vp): one chunk of rows' logits at a time, overwritten by
                         //               dlogits when the forward is given a dloss; dead after the LM head's
                         //               backward, so the attention backward borrows it (GPT::flash_ds)
     floatX* qkvr;       // (3, B, NH, T, HS) scratch: q, k, v per head
@@ -273,13 +273,11 @@ struct StatTensors {
 };
 constexpr int NUM_STAT_TENSORS = sizeof(StatTensors) / sizeof(float*);
 
-// The LM head and classifier run over chunks of at most this many rows (gpt_forward), and the logits
-// buffer holds two chunks, used in turn: while the weight stream (-ov 1) computes one chunk's share of
-// wte's gradient from its dlogits, the next chunk's logits, classifier and dinp go ahead in the other
-// half. At B = 64, T = 1024 the logits of all rows would take 6.6 GB in bf16; two chunks take a
-// quarter each. Each chunk's matmuls are still large (16384 x 50304 x 768).
-constexpr size_t kLogitsChunkRows = 16384;
-inline size_t logits_rows(size_t BT) { return std::min(BT, 2 * kLogitsChunkRows); }
+// The LM head and classifier run over at most this many rows at a time (gpt_forward): at B = 64,
+// T = 1024 the logits of all rows would take 6.6 GB in bf16, two chunks take half. Larger chunks buy
+// nothing: each chunk's matmuls are already large (32768 x 50304 x 768).
+constexpr size_t kLogitsChunkRows = 32768;
+inline size_t logits_rows(size_t BT) { return std::min(BT, kLogitsChunkRows); }
 
 // With flash attention the (B, NH, T, T) tensors and the per-head scratch are not needed (size 0).
 // With recompute (GELU recomputed in the backward) fch_gelu holds one layer, not L.
@@ -325,9 +323,6 @@ struct BatchSlot {
     bool has_targets = false;
 };
 
-// Points on the weight stream (-ov 1) the default stream may wait for; see wgrad_fork below.
-enum WgradPoint { kReadMlpDresidual, kReadDbig, kReadAttnDresidual, kReadDqkv, kReadLogits0, kReadLogits1, kNumWgradPoints };
-
 struct GPT {
     GPTConfig config;
     size_t param_sizes[NUM_PARAM_TENSORS];
@@ -356,7 +351,7 @@ struct GPT {
     bool overlap = false;
     cudaStream_t wgrad_stream = nullptr;
     cudaEvent_t wgrad_fork = nullptr;
-    cudaEvent_t wgrad_done[kNumWgradPoints] = {};
+    cudaEvent_t wgrad_done[4] = {};
     floatX* dqkv = nullptr;         // (B, T, 3C) gradient of qkv: acts.dbig, or with -ov 1 a buffer of its own
     floatX* dqkv_memory = nullptr;  // (the logits' tail where it fits, else this allocation)
     StepStats* step = nullptr;  // (1) the current step's loss sum and squared gradient norm
@@ -594,50 +589,13 @@ inline Profiler& profiler() {
     return p;
 }
 
-// The weight stream (-ov 1). Each linear layer's backward is two calls: dinp on the default stream,
-// the chain every later kernel waits for, and dweight (+ dbias) on the weight stream, which nothing
-// in the backward waits for. They are independent, so the GPU runs them side by side: a weight
-// gradient's GEMM fills the SMs that a LayerNorm, the attention backward or the tail of a dinp GEMM
-// leaves idle. Every kernel computes what it computes alone (no atomics between them, cuBLAS has a
-// workspace per stream), so the gradients are the same bits as with -ov 0 (test_gpt checks it).
-//   wgrad_fork:  the weight stream's next work comes after all the default stream has enqueued.
-//   wgrad_mark:  a point on the weight stream, after its reads of some buffer;
-//   wgrad_wait:  the default stream waits for that point before it rewrites the buffer.
-// Without -ov 1 all three do nothing and the weight gradients run in line on the default stream.
-inline cudaStream_t wgrad_fork(GPT& m) {
-    if (!m.overlap) return 0;
-    cuda_check(cudaEventRecord(m.wgrad_fork, 0));
-    cuda_check(cudaStreamWaitEvent(m.wgrad_stream, m.wgrad_fork, 0));
-    return m.wgrad_stream;
-}
-inline void wgrad_mark(GPT& m, WgradPoint point) {
-    if (m.overlap) cuda_check(cudaEventRecord(m.wgrad_done[point], m.wgrad_stream));
-}
-inline void wgrad_wait(GPT& m, WgradPoint point) {
-    if (m.overlap) cuda_check(cudaStreamWaitEvent(0, m.wgrad_done[point], 0));
-}
-
-// One linear layer's backward: dinp on the default stream, then dweight (+ dbias) on the weight
-// stream, which marks `point` once it has read dout and inp. The fork comes first, so the weight
-// gradients wait for dout only, not for dinp; dinp is enqueued first, so the GPU's block scheduler
-// serves the chain's kernel before the weight stream's. (Enqueueing the weight gradients first
-// measured a little slower: 574,280 against 579,943 tok/s at B=64, median of 3 runs each.)
-template <typename T>
-void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
-                     int OC, const T* pre_gelu, WgradPoint point) {
-    const cudaStream_t ws = wgrad_fork(m);
-    matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, pre_gelu, 0);
-    matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, nullptr, ws);
-    wgrad_mark(m, point);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Forward. With `dloss` != 0 the classifier also turns the logits into dlogits (scaled by dloss, the
 // weight of each position's loss in the step's mean loss) and the LM head's backward runs at once:
 // a.dln receives the gradient of lnf and g.wte the head's share of its gradient, ready for
-// gpt_backward. The head runs over chunks of kLogitsChunkRows rows, alternating between the two halves
-// of the logits buffer (g.wte takes one bf16 += per chunk, as with micro-batches). With targets = false
-// the logits are left as they are, rows 0..BT-1 in order (sampling), which needs B T <= 2 kLogitsChunkRows.
+// gpt_backward. The head runs over chunks of kLogitsChunkRows rows, so the logits buffer holds one
+// chunk (with two chunks g.wte takes two bf16 += where one matmul did one, as with micro-batches).
+// With targets = false the logits are left as they are (sampling), which needs B T <= kLogitsChunkRows.
 
 inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     const GPTConfig& c = m.config;
@@ -696,22 +654,19 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         else
             layernorm_forward(a.lnf, s.lnf_mean, s.lnf_rstd, residual3, p.lnfw, p.lnfb, BT, C);
     }
-    if (!targets && size_t(BT) > logits_rows(BT))
-        fail("gpt_forward: logits without targets are kept for at most %zu rows, asked for %d", logits_rows(BT), BT);
-    for (int r0 = 0, chunk = 0; r0 < BT; r0 += (int)kLogitsChunkRows, chunk++) {
+    if (!targets && size_t(BT) > kLogitsChunkRows)
+        fail("gpt_forward: logits without targets are kept for at most %zu rows, asked for %d", kLogitsChunkRows, BT);
+    for (int r0 = 0; r0 < BT; r0 += (int)kLogitsChunkRows) {
         const int rows = std::min(BT - r0, (int)kLogitsChunkRows);
-        floatX* logits = a.logits + (chunk % 2) * kLogitsChunkRows * c.Vp;
-        const WgradPoint half = chunk % 2 ? kReadLogits1 : kReadLogits0;
-        wgrad_wait(m, half);  // the weight gradient of the chunk two back has read this half
         prof.mark("fwd.matmul");
-        matmul_forward(logits, a.lnf + size_t(r0) * C, p.wte, (const floatX*)nullptr, rows, C, c.Vp);  // tied to wte
+        matmul_forward(a.logits, a.lnf + size_t(r0) * C, p.wte, (const floatX*)nullptr, rows, C, c.Vp);  // tied to wte
         if (!targets) continue;
         prof.mark("fwd.classifier");
-        fused_classifier(logits, s.losses + r0, m.targets + r0, dloss, rows, c.V, c.Vp);
+        fused_classifier(a.logits, s.losses + r0, m.targets + r0, dloss, rows, c.V, c.Vp);
         if (dloss == 0.0f) continue;
         prof.mark("bwd.matmul");  // the LM head's backward, counted with the backward's matmuls
-        linear_backward(m, a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, logits, a.lnf + size_t(r0) * C, p.wte,
-                        rows, C, c.Vp, (const floatX*)nullptr, half);
+        matmul_backward(a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, a.logits, a.lnf + size_t(r0) * C, p.wte,
+                        rows, C, c.Vp);
     }
     prof.mark(nullptr);
 }
@@ -754,6 +709,44 @@ inline float gpt_mean_loss(GPT& m, int B, int T) {
 inline void gpt_zero_grad(GPT& m) {
     cuda_check(cudaMemsetAsync(m.grads_memory, 0, m.num_params * sizeof(floatX)));
     cuda_check(cudaMemsetAsync(m.step, 0, sizeof(StepStats)));
+}
+
+// The weight stream (-ov 1). Each linear layer's backward is two calls: dinp on the default stream,
+// the chain every later kernel waits for, and dweight (+ dbias) on the weight stream, which nothing
+// in the backward waits for. They are independent, so the GPU runs them side by side: a weight
+// gradient's GEMM fills the SMs that a LayerNorm, the attention backward or the tail of a dinp GEMM
+// leaves idle. Every kernel computes what it computes alone (no atomics between them, cuBLAS has a
+// workspace per stream), so the gradients are the same bits as with -ov 0 (test_gpt checks it).
+//   wgrad_fork:  the weight stream's next work comes after all the default stream has enqueued.
+//   wgrad_mark:  a point on the weight stream, after its reads of some buffer;
+//   wgrad_wait:  the default stream waits for that point before it rewrites the buffer.
+// Without -ov 1 all three do nothing and the weight gradients run in line on the default stream.
+enum WgradPoint { kReadMlpDresidual, kReadDbig, kReadAttnDresidual, kReadDqkv };
+inline cudaStream_t wgrad_fork(GPT& m) {
+    if (!m.overlap) return 0;
+    cuda_check(cudaEventRecord(m.wgrad_fork, 0));
+    cuda_check(cudaStreamWaitEvent(m.wgrad_stream, m.wgrad_fork, 0));
+    return m.wgrad_stream;
+}
+inline void wgrad_mark(GPT& m, WgradPoint point) {
+    if (m.overlap) cuda_check(cudaEventRecord(m.wgrad_done[point], m.wgrad_stream));
+}
+inline void wgrad_wait(GPT& m, WgradPoint point) {
+    if (m.overlap) cuda_check(cudaStreamWaitEvent(0, m.wgrad_done[point], 0));
+}
+
+// One linear layer's backward: dinp on the default stream, then dweight (+ dbias) on the weight
+// stream, which marks `point` once it has read dout and inp. The fork comes first, so the weight
+// gradients wait for dout only, not for dinp; dinp is enqueued first, so the GPU's block scheduler
+// serves the chain's kernel before the weight stream's. (Enqueueing the weight gradients first
+// measured a little slower: 574,280 against 579,943 tok/s at B=64, median of 3 runs each.)
+template <typename T>
+void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
+                     int OC, const T* pre_gelu, WgradPoint point) {
+    const cudaStream_t ws = wgrad_fork(m);
+    matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, pre_gelu, 0);
+    matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, nullptr, ws);
+    wgrad_mark(m, point);
 }
 
 // Backward of the last forward (which must have had targets and a dloss). Gradients accumulate (+=)
@@ -819,10 +812,6 @@ inline void gpt_backward(GPT& m, int B, int T) {
                         BT, C, C, none, kReadAttnDresidual);
         prof.mark("bwd.attention");
         wgrad_wait(m, kReadDqkv);  // the layer above's qkv weight gradients read m.dqkv
-        if (l == L - 1) {  // the attention backward writes dS (and with -ov 1 dqkv) into the logits buffer,
-            wgrad_wait(m, kReadLogits0);  // which the LM head's last weight gradients may still read
-            wgrad_wait(m, kReadLogits1);
-        }
 #if !defined(ENABLE_FP32)
         if (m.flash)
             flash_attention_backward(m.dqkv, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
