@@ -13,9 +13,11 @@
 #   PART=3  version 14 at larger rings (RINGS: "lag slots;..."), beside version 13.
 #   PART=4  training A/B of source trees x flags (AB_DIRS, default .carry/ab/base and the working tree;
 #           AB_FLAGS, default -ov 1 / -ov 0; scripts/device_tree_ab.sh), then test/test_gpt.sh.
+#   PART=5  the attention backward lab's versions (VERSIONS, default 13 14) validated and benchmarked,
+#           three rounds.
 set -u
 PART=${PART:-1}
-[[ $PART == [1234] ]] || { echo "error: PART must be 1 to 4, got '$PART'" >&2; exit 1; }
+[[ $PART == [12345] ]] || { echo "error: PART must be 1 to 5, got '$PART'" >&2; exit 1; }
 NAME=stop19
 source "$(dirname "$0")/device_lib.sh"
 ring_sweep() {  # ring_sweep "LAG SLOTS;LAG SLOTS;...": version 14's time at each, version 13's first
@@ -48,5 +50,13 @@ elif [[ $PART == 4 ]]; then
     OUT="$log" AB_DIRS="${AB_DIRS:-.carry/ab/base .}" AB_FLAGS="${AB_FLAGS:--ov 1;-ov 0}" timeout 300 bash scripts/device_tree_ab.sh
     step test_gpt $((590 - (SECONDS - started))) bash test/test_gpt.sh
     grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
+elif [[ $PART == 5 ]]; then
+    # shellcheck disable=SC2086  # the version list is split into words on purpose
+    step attn_versions 200 ./dev/cuda/attention_backward ${VERSIONS:-13 14}
+    grep -E "^  [0-9]+ +bf16" "$log/attn_versions.log"
+    for r in 2 3; do
+        # shellcheck disable=SC2086
+        timeout 60 ./dev/cuda/attention_backward ${VERSIONS:-13 14} --no-validate | grep -E "^  [0-9]+ +bf16"
+    done
 fi
 echo "done at $((SECONDS - started)) s"
