@@ -969,10 +969,8 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 // dq = scale sum_j dS_j k_j over the key tiles j <= this query tile, in order (deterministic). A warp
 // reads its A fragments straight from global memory (one coalesced 512-byte row per 16x16 block, the
 // next tile's prefetched into registers during this one's MMAs); k tiles are double-buffered in
-// shared memory. Bound by reading dS (8 KB per tile pair), not by arithmetic. AHEAD (1 or 2): how
-// many tiles ahead a warp's dS loads run (2: more bytes in flight per warp, to cover the memory
-// latency that one tile's MMAs leave exposed).
-template <int HS, int AHEAD = 1>
+// shared memory. Bound by reading dS (8 KB per tile pair), not by arithmetic.
+template <int HS>
 __global__ void __launch_bounds__(kDsTile * 2)
     backward_dq_from_ds_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
     constexpr int BQ = kDsTile, BK = kDsTile, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = kDsTile * 2;
@@ -988,13 +986,9 @@ __global__ void __launch_bounds__(kDsTile * 2)
 
     load_rows_async<HS, LD, THREADS>(sK, k_src, stride, 0, BK, T);
     cp_async_commit();
-    static_assert(AHEAD == 1 || AHEAD == 2, "dS loads run 1 or 2 tiles ahead");
-    uint4 cur[KSTEPS], next[KSTEPS], next2[KSTEPS];
+    uint4 cur[KSTEPS], next[KSTEPS];
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = frag[ks * 32];
-    if (AHEAD == 2 && qt >= 1)
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) next[ks] = frag[kDsTileVecs + ks * 32];
     float dq[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
@@ -1005,13 +999,9 @@ __global__ void __launch_bounds__(kDsTile * 2)
         if (j < qt) {
             load_rows_async<HS, LD, THREADS>(sK + ((j + 1) & 1) * BK * LD, k_src, stride, (j + 1) * BK, BK, T);
             cp_async_commit();
-            if (AHEAD == 1)
 #pragma unroll
-                for (int ks = 0; ks < KSTEPS; ks++) next[ks] = frag[(j + 1) * kDsTileVecs + ks * 32];
+            for (int ks = 0; ks < KSTEPS; ks++) next[ks] = frag[(j + 1) * kDsTileVecs + ks * 32];
         }
-        if (AHEAD == 2 && j + 2 <= qt)
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) next2[ks] = frag[(j + 2) * kDsTileVecs + ks * 32];
         const bf16* cK = sK + (j & 1) * BK * LD;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
@@ -1027,7 +1017,7 @@ __global__ void __launch_bounds__(kDsTile * 2)
         }
         if (j < qt)
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = next[ks], next[ks] = next2[ks];
+            for (int ks = 0; ks < KSTEPS; ks++) cur[ks] = next[ks];
     }
 
 #pragma unroll
@@ -1243,7 +1233,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-template <int MIN_BLOCKS, int DQ_AHEAD = 1>
+template <int MIN_BLOCKS>
 bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
                            int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
@@ -1255,8 +1245,8 @@ bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf1
     backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
     const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
-    backward_dq_from_ds_kernel<64, DQ_AHEAD><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(
-        dqkv, ds, qkv, T, NH, scale);
+    backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
+                                                                                                             scale);
     cuda_check_launch();
     return true;
 }

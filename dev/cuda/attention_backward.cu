@@ -49,8 +49,6 @@
 //      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
 //   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
 //      of spill).
-//   14 as 13 with the dq kernel's dS loads two tiles ahead instead of one (it reads dS at ~2.25 TB/s:
-//      one tile's MMAs do not cover the memory latency).
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -65,7 +63,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 14;
+constexpr int kNumVersions = 13;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -205,11 +203,8 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
             break;
         case 12:
         case 13:
-        case 14:
-            ran = version == 12   ? flash_detail::backward_wgmma<2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                  : version == 13 ? flash_detail::backward_wgmma<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                                  : flash_detail::backward_wgmma<3, 2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH,
-                                                                       HS, 0);
+            ran = version == 12 ? flash_detail::backward_wgmma<2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
+                                : flash_detail::backward_wgmma<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!ran) {
                 ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
