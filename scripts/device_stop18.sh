@@ -9,7 +9,7 @@
 #   PART=3  the closing figures: training throughput at B=16/32/64 beside PyTorch (scripts/bench_train.sh,
 #           the breakdown at 64, memory with -r 1), and B=32/64 with -tw 1.
 #   PART=4  A/B of source trees (AB_DIRS) x flag sets (AB_FLAGS, default -tw 0 / -tw 1), AB_ROUNDS
-#           rounds of 20 steps at B=64, interleaved (scripts/device_tree_ab.sh).
+#           rounds of 20 steps at B=64, interleaved (scripts/device_ab_dirs.sh).
 #   PART=5  every lab's --check, and the attention beside PyTorch's SDPA.
 set -u
 PART=${PART:-1}
@@ -32,7 +32,8 @@ elif [[ $PART == 5 ]]; then
     timeout 90 "$PY" dev/cuda/attention_vs_torch.py > "$log/attention_vs_torch.log" 2>&1
     echo "--- attention beside SDPA: exit $?"; tail -n 12 "$log/attention_vs_torch.log"
 elif [[ $PART == 4 ]]; then
-    OUT="$log" AB_FLAGS="${AB_FLAGS:--tw 0;-tw 1}" bash scripts/device_tree_ab.sh
+    OUT="$log" DIRS="${AB_DIRS:?AB_DIRS: source trees}" FLAGS="${AB_FLAGS:--tw 0;-tw 1}" ROUNDS=${AB_ROUNDS:-2} PF=0 \
+        bash scripts/device_ab_dirs.sh
 else
     OUT="$log" BATCHES="16 32 64" STEPS=30 PROFILE_BATCHES=64 GELU_BATCH=none TORCH_BATCHES="32 64" timeout 420 \
         bash scripts/bench_train.sh 2>&1 | tail -n 60

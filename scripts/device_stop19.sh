@@ -10,15 +10,20 @@
 #   PART=2  the fused attention backward (version 14): the lab's versions 13 and 14 validated (and 14
 #           against 13 bit for bit at small rings) and benchmarked, 14 at several --lag/--slots, a
 #           memcheck of 14; then a training A/B of source trees (AB_DIRS, default .carry/ab/base and the
-#           working tree; scripts/device_tree_ab.sh) at B=64, -tw 0 (AB_FLAGS).
+#           working tree; scripts/device_ab_dirs.sh) at B=64, -tw 0 (AB_FLAGS).
 #   PART=3  version 14 at larger rings (RINGS: "lag slots;..."), beside version 13.
 #   PART=4  training A/B of source trees x flags (AB_DIRS, default .carry/ab/base and the working tree;
-#           AB_FLAGS, default -ov 1 / -ov 0; scripts/device_tree_ab.sh), then test/test_gpt.sh.
+#           AB_FLAGS, default -ov 1 / -ov 0; scripts/device_ab_dirs.sh), then test/test_gpt.sh.
 #   PART=5  the attention backward lab's versions (VERSIONS, default 13 14) validated and benchmarked,
 #           three rounds.
+#   PART=6  Nsight Compute on the header's attention forward (lab version 11, B=8): which pipes are busy
+#           (tensor cores against the exponentials' XU pipe), stalls; then the attention beside SDPA.
+#   PART=7  closing figures: 200 steps of bf16 and of fp32 from the same seed (validation every 50: bf16
+#           should track fp32), training throughput at B=32/64 beside PyTorch (scripts/bench_train.sh,
+#           the breakdown at 64), B=64 with -tw 1.
 set -u
 PART=${PART:-1}
-[[ $PART == [12345] ]] || { echo "error: PART must be 1 to 5, got '$PART'" >&2; exit 1; }
+[[ $PART == [1234567] ]] || { echo "error: PART must be 1 to 7, got '$PART'" >&2; exit 1; }
 NAME=stop19
 source "$(dirname "$0")/device_lib.sh"
 ring_sweep() {  # ring_sweep "LAG SLOTS;LAG SLOTS;...": version 14's time at each, version 13's first
@@ -43,12 +48,12 @@ elif [[ $PART == 2 ]]; then
     ring_sweep "${RINGS:-0 4;2 8;4 8;8 16;16 24;24 32}"
     step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_backward 14 --no-validate -b 2 -n 12 -t 300 --slots 3 --lag 2
     grep -E "ERROR SUMMARY" "$log/memcheck.log"
-    OUT="$log" AB_DIRS="${AB_DIRS:-.carry/ab/base .}" AB_FLAGS="${AB_FLAGS:--tw 0}" timeout $((590 - (SECONDS - started))) \
-        bash scripts/device_tree_ab.sh
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" FLAGS="${AB_FLAGS:--tw 0}" PF=0 timeout $((590 - (SECONDS - started))) \
+        bash scripts/device_ab_dirs.sh
 elif [[ $PART == 3 ]]; then
     ring_sweep "${RINGS:-32 48;32 64;40 80;48 96;64 128;96 192;128 384}"
 elif [[ $PART == 4 ]]; then
-    OUT="$log" AB_DIRS="${AB_DIRS:-.carry/ab/base .}" AB_FLAGS="${AB_FLAGS:--ov 1;-ov 0}" timeout 300 bash scripts/device_tree_ab.sh
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" FLAGS="${AB_FLAGS:--ov 1;-ov 0}" PF=0 timeout 300 bash scripts/device_ab_dirs.sh
     step test_gpt $((590 - (SECONDS - started))) bash test/test_gpt.sh
     grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
 elif [[ $PART == 5 ]]; then
@@ -59,5 +64,25 @@ elif [[ $PART == 5 ]]; then
         # shellcheck disable=SC2086
         timeout 60 ./dev/cuda/attention_backward ${VERSIONS:-13 14} --no-validate | grep -E "^  [0-9]+ +bf16"
     done
+elif [[ $PART == 6 ]]; then
+    ncu --query-metrics --chip gh100 2>/dev/null | grep -iE "^sm__(inst_executed_pipe_(xu|fma|alu|fp16|uniform)|pipe_(tensor|xu|fma|alu|shared)[a-z_]*cycles_active)" |
+        awk '{print $1}' > "$log/metric_names.txt"
+    metrics=$(grep -E "pipe_xu|pipe_fma|pipe_alu|tensor" "$log/metric_names.txt" | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd,)
+    echo "metrics: $metrics"
+    step ncu_forward 240 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        --section InstructionStats --section Occupancy --print-details all ${metrics:+--metrics "$metrics"} -k "regex:forward_wgmma" -c 2 \
+        ./dev/cuda/attention_forward 11 --no-validate -b 8
+    grep -vE "^==PROF==|^\s*$" "$log/ncu_forward.log" | grep -E "pipe|Pipe|Throughput|Duration|Stall|stall|Issue|Occupancy|Registers|Eligible|Active Warps|pct" | head -n 80
+    timeout 120 "$PY" dev/cuda/attention_vs_torch.py > "$log/attention_vs_torch.log" 2>&1
+    echo "--- attention beside SDPA: exit $?"; grep -E "^(ours|torch) |ours / torch|agreement" "$log/attention_vs_torch.log"
+elif [[ $PART == 7 ]]; then
+    for p in bf16 fp32; do  # same seed: bf16 should track fp32's validation loss
+        timeout 150 ./train_gpt_$p -x 200 -v 50 -s 0 > "$log/curve_$p.log" 2>&1
+        echo "$p 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_$p.log" | awk '{printf "%s:%s ", $2, $NF}') $(grep -oE "median step .* tok/s" "$log/curve_$p.log")"
+    done
+    OUT="$log" BATCHES="32 64" STEPS=30 PROFILE_BATCHES=64 GELU_BATCH=none RECOMPUTE_BATCH=none TORCH_BATCHES="32 64" \
+        timeout $((500 - (SECONDS - started))) bash scripts/bench_train.sh 2>&1 | tail -n 40
+    timeout $((590 - (SECONDS - started))) ./train_gpt_bf16 -b 64 -x 30 -v 0 -s 0 -tw 1 > "$log/ours_B64_tw1.log" 2>&1
+    echo "-tw 1 B=64 (rc $?): $(grep -E "^done" "$log/ours_B64_tw1.log")"
 fi
 echo "done at $((SECONDS - started)) s"
