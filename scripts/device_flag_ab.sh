@@ -31,6 +31,7 @@ for B in $BATCHES; do
     for flags in "${sets[@]}"; do
         n=$(name_of "$flags")
         same=yes
+        [[ -n $first_losses ]] || same="NO (no losses to compare)"
         for f in "$log/B${B}_${n}"_[0-9]*.log; do [[ $(losses_of "$f") == "$first_losses" ]] || same=NO; done
         echo "B=$B [$flags]: median of medians $(grep -ohE 'median step [0-9.]+ ms' "$log/B${B}_${n}"_[0-9]*.log |
             awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; printf "%.1f ms = %.0f tok/s", m, '"$B"' * 1024 / (m / 1000)}'); losses bit-identical to [${sets[0]}] round 1: $same"
