@@ -14,8 +14,8 @@
 #   PART=3  version 14 at larger rings (RINGS: "lag slots;..."), beside version 13.
 #   PART=4  training A/B of source trees x flags (AB_DIRS, default .carry/ab/base and the working tree;
 #           AB_FLAGS, default -ov 1 / -ov 0; scripts/device_ab_dirs.sh), then test/test_gpt.sh.
-#   PART=5  the attention backward lab's versions (VERSIONS, default 13 14) validated and benchmarked,
-#           three rounds.
+#   PART=5  an attention lab's versions (LAB, default attention_backward; VERSIONS, default 13 14)
+#           validated and benchmarked, three rounds.
 #   PART=6  Nsight Compute on the header's attention forward (lab version 11, B=8): which pipes are busy
 #           (tensor cores against the exponentials' XU pipe), stalls; then the attention beside SDPA.
 #   PART=7  closing figures: 200 steps of bf16 and of fp32 from the same seed (validation every 50: bf16
@@ -58,11 +58,12 @@ elif [[ $PART == 4 ]]; then
     grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
 elif [[ $PART == 5 ]]; then
     # shellcheck disable=SC2086  # the version list is split into words on purpose
-    step attn_versions 200 ./dev/cuda/attention_backward ${VERSIONS:-13 14}
+    lab=./dev/cuda/${LAB:-attention_backward}
+    step attn_versions 200 "$lab" ${VERSIONS:-13 14}
     grep -E "^  [0-9]+ +bf16" "$log/attn_versions.log"
     for r in 2 3; do
         # shellcheck disable=SC2086
-        timeout 60 ./dev/cuda/attention_backward ${VERSIONS:-13 14} --no-validate | grep -E "^  [0-9]+ +bf16"
+        timeout 60 "$lab" ${VERSIONS:-13 14} --no-validate | grep -E "^  [0-9]+ +bf16"
     done
 elif [[ $PART == 6 ]]; then
     ncu --query-metrics --chip gh100 2>/dev/null | grep -iE "^sm__(inst_executed_pipe_(xu|fma|alu|fp16|uniform)|pipe_(tensor|xu|fma|alu|shared)[a-z_]*cycles_active)" |
