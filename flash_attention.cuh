@@ -421,9 +421,7 @@ __device__ __forceinline__ void load_rows_sw128_async(bf16* dst, const bf16* src
     }
 }
 
-// ACC: independent partial row maxima and sums per thread and row (1: one dependent chain of BC / 4
-// operations each; more: shorter chains the scheduler can interleave, the sums added in another order).
-template <int NWG, int BC, int ACC = 1>
+template <int NWG, int BC>
 __global__ void __launch_bounds__(NWG * 128)
     forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
 #ifdef FLASH_HAVE_WGMMA
@@ -488,42 +486,31 @@ __global__ void __launch_bounds__(NWG * 128)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const int row = wrow0 + g + hf * 8;
-            float mxp[ACC];
-#pragma unroll
-            for (int a = 0; a < ACC; a++) mxp[a] = -INFINITY;
+            float mx = -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float& x = s[4 * nt + hf * 2 + e];
                     if (mask && k0 + nt * 8 + 2 * c4 + e > row) x = -INFINITY;
-                    mxp[(2 * nt + e) % ACC] = fmaxf(mxp[(2 * nt + e) % ACC], x);
+                    mx = fmaxf(mx, x);
                 }
-            float mx = mxp[0];
-#pragma unroll
-            for (int a = 1; a < ACC; a++) mx = fmaxf(mx, mxp[a]);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m_run[hf], mx * sl2);
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
             const float corr = exp2_ftz(m_run[hf] - m_use);
             m_run[hf] = m_new;
-            float sp[ACC];
-#pragma unroll
-            for (int a = 0; a < ACC; a++) sp[a] = 0.0f;
+            float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float& x = s[4 * nt + hf * 2 + e];
                     x = exp2_ftz(fmaf(x, sl2, -m_use));
-                    sp[(2 * nt + e) % ACC] += x;
+                    sum += x;
                 }
-#pragma unroll
-            for (int width = 1; width < ACC; width *= 2)  // pairwise: (0 + 1) + (2 + 3) ...
-#pragma unroll
-                for (int a = 0; a + width < ACC; a += 2 * width) sp[a] += sp[a + width];
-            l_run[hf] = l_run[hf] * corr + sp[0];
+            l_run[hf] = l_run[hf] * corr + sum;
 #pragma unroll
             for (int dt = 0; dt < HS / 8; dt++) o[4 * dt + hf * 2] *= corr, o[4 * dt + hf * 2 + 1] *= corr;
         }
@@ -580,12 +567,12 @@ inline bool wgmma_available() {
 }
 
 // false where it does not run (HS != 64, or not an sm_90 GPU).
-template <int NWG, int BC, int ACC = 1>
+template <int NWG, int BC>
 bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !wgmma_available()) return false;
     constexpr int BR = NWG * 64;
     const size_t smem = size_t(BR + 4 * BC) * 64 * sizeof(bf16) + 1024;  // + room to align to 1024
-    auto kernel = forward_wgmma_kernel<NWG, BC, ACC>;
+    auto kernel = forward_wgmma_kernel<NWG, BC>;
     static bool configured = false;
     if (!configured) allow_smem(kernel, smem), configured = true;
     const dim3 grid((T + BR - 1) / BR, NH, B);

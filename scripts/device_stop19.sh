@@ -2,8 +2,9 @@
 # Stop 19's device calls, each fitting one 10-minute call. Logs under $OUT/stop19/, all of them in
 # $OUT/stop19_partN.tgz (scripts/device_lib.sh). PART 1-3 ran the code of commit 81b466b (train_gpt
 # -th, lab version 14) and PART 4 that of 8a23d89 (the LM head's weight gradient on the weight
-# stream) and PART 5 that of f9ded23 (lab version 14: dq's loads two tiles ahead), none kept: check the
-# commit out to run them again.
+# stream) and PART 5 that of f9ded23 (lab version 14: dq's loads two tiles ahead) and of f9b1ee7
+# (LAB=attention_forward VERSIONS="11 13 14": split row max and sum), none kept: check the commit out
+# to run them again.
 #   PART=1  B=64 training A/B (scripts/device_flag_ab.sh, interleaved rounds; the losses must be the
 #           same bits): -tw 0, -th 1, -tw 1, -tw 1 -th 1 (FLAGSETS to change), then what each plan's
 #           hot timing kept.

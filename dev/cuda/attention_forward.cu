@@ -38,10 +38,6 @@
 //      cores through descriptors (no ldmatrix), P from registers; key tiles of 64. Else version 9 runs.
 //  11  as 10 with key tiles of 128 (half the barriers and running-max updates per key).
 //  12  as 11 with 2 warpgroups per block (128 queries): each k/v tile loaded once for twice the queries.
-//  13  as 11 with each thread's row maximum and row sum of a tile kept in 4 partial values instead of
-//      one (Nsight Compute: issue-bound, "wait" the first stall: the two 32-long dependent chains per
-//      row and tile become 8-long ones; the sum's order changes, its precision does not).
-//  14  as 13 with 8 partial values.
 //
 // FLOPs: 4 * B * NH * T * T * HS / 2, the useful causal work (two matrix products of 2 * HS
 // multiply-adds per (query, key) pair, over the T^2 / 2 causal pairs). Every version is credited with
@@ -56,7 +52,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 14;
+constexpr int kNumVersions = 12;
 
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per query row.
@@ -136,8 +132,6 @@ const char* run_version(int version, T* out, float* lse, const T* qkv, const Att
         case 10: ran = flash_detail::forward_wgmma<1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 11: ran = flash_detail::forward_wgmma<1, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 12: ran = flash_detail::forward_wgmma<2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 13: ran = flash_detail::forward_wgmma<1, 128, 4>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 14: ran = flash_detail::forward_wgmma<1, 128, 8>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }
     if (!ran && version >= 10) {
