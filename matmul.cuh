@@ -582,15 +582,14 @@ void matmul_tune(MatmulPlan& plan, Run run_once, T* D, const T* aux_out, size_t 
     }
     cuda_check(cudaEventDestroy(start));
     cuda_check(cudaEventDestroy(stop));
-    char line[640];
-    snprintf(line, sizeof(line),
-             "tuned m %d n %d k %d epilogue %d%s: %zu candidates (%zu the heuristic's): %zu refused, %zu other bits, %zu "
-             "slower than 8 kept, %zu not screened (%.1f s) | #0 %.4f ms, best of the heuristic's %.4f ms, kept #%zu %.4f ms "
-             "(%s)",
-             plan.m, plan.n, plan.k, (int)plan.epilogue, in_place ? " (D +=)" : "", plan.candidates.size(), plan.heuristic_count, refused, other_bits,
-             slower, unscreened, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), first_ms,
-             best_heuristic_ms, best, best_ms, matmul_algo_name(plan.candidates[best]).c_str());
-    if (bc.tune_print) printf("matmul %s\n", line);
+    if (bc.tune_print)
+        printf("matmul tuned m %d n %d k %d epilogue %d%s: %zu candidates (%zu the heuristic's): %zu refused, %zu other "
+               "bits, %zu slower than %d kept, %zu not screened (%.1f s) | #0 %.4f ms, best of the heuristic's %.4f ms, kept "
+               "#%zu %.4f ms (%s)\n",
+               plan.m, plan.n, plan.k, (int)plan.epilogue, in_place ? " (D +=)" : "", plan.candidates.size(),
+               plan.heuristic_count, refused, other_bits, slower, kMatmulTuneFinalists, unscreened,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), first_ms, best_heuristic_ms,
+               best, best_ms, matmul_algo_name(plan.candidates[best]).c_str());
     plan.algo = plan.candidates[best];
     plan.candidates.clear();
     bc.tuned_plans++;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # device_lib.sh: what the device scripts share; each sources it after setting NAME (its log folder under
-# $OUT) and PART. It goes to the repository root, sets PATH, $log, GPT_MIRROR (the carried mirror), PY
+# $OUT) and PARTS (the digits its PART may be). It checks PART (default 1), goes to the repository
+# root, sets PATH, $log, GPT_MIRROR (the carried mirror), PY
 # and $started, archives $log into $OUT/${NAME}_part$PART.tgz at exit (the device returns few files and
 # folders two deep; also when a time limit cuts the run short), prints the GPU, builds everything
 # (make all) and prepares the data. Helpers:
@@ -8,6 +9,9 @@
 #                                 exit code, the time and the count / failure lines
 #   lab_check                     every lab's --check (in lab_check.log), then each lab's count line
 #   unit_tests                    every build/test program
+PART=${PART:-1}
+[[ $PART == ["${PARTS:?PARTS: the digits PART may be}"] ]] ||
+    { echo "error: PART must be one of ${PARTS}, got '$PART'" >&2; exit 1; }
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-out}

@@ -12,8 +12,7 @@
 #           rounds of 20 steps at B=64, interleaved (scripts/device_ab_dirs.sh).
 #   PART=5  every lab's --check, and the attention beside PyTorch's SDPA.
 set -u
-PART=${PART:-1}
-[[ $PART == [12345] ]] || { echo "error: PART must be 1 to 5, got '$PART'" >&2; exit 1; }
+PARTS=12345
 NAME=stop18
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then

@@ -23,8 +23,7 @@
 #           should track fp32), training throughput at B=32/64 beside PyTorch (scripts/bench_train.sh,
 #           the breakdown at 64), B=64 with -tw 1.
 set -u
-PART=${PART:-1}
-[[ $PART == [1234567] ]] || { echo "error: PART must be 1 to 7, got '$PART'" >&2; exit 1; }
+PARTS=1234567
 NAME=stop19
 source "$(dirname "$0")/device_lib.sh"
 ring_sweep() {  # ring_sweep "LAG SLOTS;LAG SLOTS;...": version 14's time at each, version 13's first
