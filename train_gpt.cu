@@ -584,12 +584,6 @@ struct Profiler {
         }
     }
 };
-// EXPERIMENT (ablation timing, not for main): GPT_ABLATE=name,name skips those kernels from step 4 on.
-static bool g_ablate_on = false;
-inline bool ablate(const char* name) {
-    static const std::string list = getenv("GPT_ABLATE") ? std::string(",") + getenv("GPT_ABLATE") + "," : "";
-    return g_ablate_on && list.find(std::string(",") + name + ",") != std::string::npos;
-}
 inline Profiler& profiler() {
     static Profiler p;
     return p;
@@ -632,19 +626,19 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C);
         prof.mark("fwd.attention");
 #if !defined(ENABLE_FP32)  // flash attention is bf16 only
-        if (m.flash && !ablate("afwd")) flash_attention_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
+        if (m.flash) flash_attention_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
 #endif
         if (!m.flash) attention_forward(atty, att, a.qkvr, a.yr, qkv, B, T, C, NH);
         // The residual adds ride in the projections' epilogues (residual2 = x + atty attprojw^T + attprojb,
         // matmul.cuh), so each LayerNorm after them reads one tensor, not two.
         prof.mark("fwd.matmul");
         matmul_forward(residual2, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C,
-                       (floatX*)nullptr, 0, ablate("res") ? nullptr : x);
+                       (floatX*)nullptr, 0, x);
         prof.mark("fwd.layernorm");
-        if (!ablate("lnf")) layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
         prof.mark("fwd.matmul");
         if (m.gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
-            matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, ablate("aux") ? nullptr : fch);
+            matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, fch);
         } else {
             matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C);
             prof.mark("fwd.gelu");
@@ -652,10 +646,9 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         }
         prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
         matmul_forward(residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C,
-                       (floatX*)nullptr, 0, ablate("res") ? nullptr : residual2);
+                       (floatX*)nullptr, 0, residual2);
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
-        if (ablate("lnf")) {}
-        else if (l + 1 < L)
+        if (l + 1 < L)
             layernorm_forward(a.ln1 + (l + 1) * btc, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
                               p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C);
         else
@@ -666,13 +659,13 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     for (int r0 = 0; r0 < BT; r0 += (int)kLogitsChunkRows) {
         const int rows = std::min(BT - r0, (int)kLogitsChunkRows);
         prof.mark("fwd.matmul");
-        if (!ablate("head")) matmul_forward(a.logits, a.lnf + size_t(r0) * C, p.wte, (const floatX*)nullptr, rows, C, c.Vp);  // tied to wte
+        matmul_forward(a.logits, a.lnf + size_t(r0) * C, p.wte, (const floatX*)nullptr, rows, C, c.Vp);  // tied to wte
         if (!targets) continue;
         prof.mark("fwd.classifier");
-        if (!ablate("cls")) fused_classifier(a.logits, s.losses + r0, m.targets + r0, dloss, rows, c.V, c.Vp);
+        fused_classifier(a.logits, s.losses + r0, m.targets + r0, dloss, rows, c.V, c.Vp);
         if (dloss == 0.0f) continue;
         prof.mark("bwd.matmul");  // the LM head's backward, counted with the backward's matmuls
-        if (!ablate("head")) matmul_backward(a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, a.logits, a.lnf + size_t(r0) * C, p.wte,
+        matmul_backward(a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, a.logits, a.lnf + size_t(r0) * C, p.wte,
                         rows, C, c.Vp);
     }
     prof.mark(nullptr);
@@ -800,18 +793,18 @@ inline void gpt_backward(GPT& m, int B, int T) {
         wgrad_wait(m, kReadDbig);  // the layer above's fc weight gradients read dbig
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
         linear_backward(m, a.dbig, g.fcprojw + fc_w, none, a.dresidual, fch_gelu, p.fcprojw + fc_w, BT, 4 * C, C,
-                        m.gelu_fusion >= 2 && !ablate("dgelu") ? fch : none, kReadMlpDresidual);
+                        m.gelu_fusion >= 2 ? fch : none, kReadMlpDresidual);
         if (m.gelu_fusion < 2) {
             prof.mark("bwd.gelu");
             gelu_backward_inplace(a.dbig, fch, 4 * btc);
         }
         prof.mark("bwd.matmul");
-        linear_backward(m, a.dln, g.fcw + fc_w, ablate("dbfc") ? none : g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
+        linear_backward(m, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
                         kReadDbig);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadMlpDresidual);
-        if (!ablate("lnb")) layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
+        layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
                            s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C, 0, g.attprojb + size_t(l) * C);
         // Attention. dln now holds the gradient of atty, m.dqkv that of qkv.
         prof.mark("bwd.matmul");
@@ -820,18 +813,18 @@ inline void gpt_backward(GPT& m, int B, int T) {
         prof.mark("bwd.attention");
         wgrad_wait(m, kReadDqkv);  // the layer above's qkv weight gradients read m.dqkv
 #if !defined(ENABLE_FP32)
-        if (m.flash && !ablate("abwd"))
+        if (m.flash)
             flash_attention_backward(m.dqkv, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
                                      C / NH, 0, m.flash_ds, m.flash_ds_bytes);
 #endif
         if (!m.flash) attention_backward(m.dqkv, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
-        linear_backward(m, a.dln, g.qkvw + size_t(l) * 3 * C * C, ablate("dbqkv") ? none : g.qkvb + size_t(l) * 3 * C, m.dqkv, ln1,
+        linear_backward(m, a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, m.dqkv, ln1,
                         p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C, none, kReadDqkv);
         // += into dresidual: it becomes the gradient of this layer's input x.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadAttnDresidual);
-        if (!ablate("lnb")) layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
+        layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C, 0,
                            l > 0 ? g.fcprojb + size_t(l - 1) * C : none);
     }
@@ -865,7 +858,7 @@ inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad
     AdamWHyper hyper{lr, h.beta1, h.beta2, h.eps, h.weight_decay,
                      1.0f - std::pow(h.beta1, (float)t), 1.0f - std::pow(h.beta2, (float)t), grad_clip, m.step};
     profiler().mark("opt.adamw");
-    if (!ablate("opt")) adamw_update(m.params_memory, m.master, m.grads_memory, m.adam_m, m.adam_v, m.num_params, table, hyper);
+    adamw_update(m.params_memory, m.master, m.grads_memory, m.adam_m, m.adam_v, m.num_params, table, hyper);
     profiler().mark(nullptr);
 }
 
@@ -1451,7 +1444,6 @@ int main(int argc, char** argv) {
         // batch's host work (reading, grouping tokens, pinned copy) is done while the GPU runs the
         // micro-batch before, this step's or the last step's; not across validation, sampling or a
         // checkpoint, which use the slots or record the loader's position.
-        g_ablate_on = step >= 3;
         gpt_zero_grad(m);
         for (int micro = 0; micro < accum; micro++) {
             if (staged < 0) {
