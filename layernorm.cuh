@@ -122,7 +122,7 @@ template <typename T> constexpr int kForwardMinBlockOf = sizeof(T) == 4 ? 32 : k
 template <typename T, int WPR, bool RESIDUAL, bool STREAM_LOADS = false, int MIN_BLOCK = kForwardMinBlockOf<T>>
 __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
     layernorm_forward_vec_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
-                                 const T* weight, const T* bias, int N, int C) {
+                                 const T* weight, const T* bias, int N, int C, int out_ld) {
     constexpr int BLOCK = block_threads<WPR, MIN_BLOCK>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
     constexpr int K = kForwardColsPerThread / VS;
     __shared__ float buf[2][BLOCK / 32];
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
 #pragma unroll
             for (int j = 0; j < VS; j++)
                 y[j] = from_float<T>((to_float(xv[k][j]) - m) * s * to_float(w[j]) + to_float(b[j]));
-            y.store(out + offset + size_t(i) * VS);
+            y.store(out + size_t(row) * out_ld + size_t(i) * VS);
         }
     }
 }
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
 template <typename T, bool RESIDUAL>
 __global__ void __launch_bounds__(256)
     layernorm_forward_general_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
-                                     const T* weight, const T* bias, int N, int C) {
+                                     const T* weight, const T* bias, int N, int C, int out_ld) {
     __shared__ float buf[2][8];
     const int row = blockIdx.x;
     const size_t offset = size_t(row) * C;
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(256)
         if (rstd) rstd[row] = s;
     }
     for (int c = threadIdx.x; c < C; c += 256)
-        out[offset + c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+        out[size_t(row) * out_ld + c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -565,18 +565,20 @@ template <typename T> inline int backward_warps_per_row(int C) {
 // tune the choices.
 template <typename T, bool RESIDUAL, bool STREAM_LOADS = false, int MIN_BLOCK = kForwardMinBlockOf<T>>
 void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2, const T* weight,
-                    const T* bias, int N, int C, cudaStream_t stream, int wpr_override = 0) {
+                    const T* bias, int N, int C, cudaStream_t stream, int wpr_override = 0, int out_ld = 0) {
     if (N <= 0 || C <= 0) return;
+    if (out_ld == 0) out_ld = C;
+    if (out_ld < C) fail("layernorm_forward: out_ld %d < C %d", out_ld, C);
     int wpr = forward_warps_per_row<T>(C);
     if (wpr_override && wpr && wpr_override >= forward_min_warps_per_row(C) && wpr_override <= kForwardMaxWarpsPerRow)
         wpr = wpr_override;
-    if (wpr && vector_ok<T>(C, {residual, out, inp1, inp2, weight, bias})) {
+    if (wpr && out_ld % Vec128<T>::size == 0 && vector_ok<T>(C, {residual, out, inp1, inp2, weight, bias})) {
 #define LN_FWD(W)                                                                                              \
     case W: {                                                                                                  \
         constexpr int block = block_threads<W, MIN_BLOCK>(), rows = block / (32 * W);                         \
         layernorm_forward_vec_kernel<T, W, RESIDUAL, STREAM_LOADS, MIN_BLOCK>                                  \
             <<<(N + rows - 1) / rows, block, 0, stream>>>(                                                     \
-            residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);                                        \
+            residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, out_ld);                                \
         break;                                                                                                 \
     }
         switch (wpr) {
@@ -586,7 +588,7 @@ void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1
 #undef LN_FWD
     } else {
         layernorm_forward_general_kernel<T, RESIDUAL>
-            <<<N, 256, 0, stream>>>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
+            <<<N, 256, 0, stream>>>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, out_ld);
     }
     cuda_check_launch();
 }
@@ -687,10 +689,12 @@ template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(i
 // ---------------------------------------------------------------------------------------------
 // Public API. All launches go to `stream`; nothing synchronizes.
 
+// out_ld: the distance between out's rows in elements, >= C (0: C); elements [C, out_ld) of each row
+// are left as they are (train_gpt keeps a column of ones there, matmul_backward_weight_bias).
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                       cudaStream_t stream = 0) {
-    layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, stream);
+                       cudaStream_t stream = 0, int out_ld = 0) {
+    layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, stream, 0, out_ld);
 }
 
 // residual = inp1 + inp2 (rounded to T), out = LayerNorm(residual), in one pass.

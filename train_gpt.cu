@@ -237,12 +237,12 @@ inline ParameterTensors point_parameters(floatX* base, const size_t sizes[NUM_PA
 
 struct ActivationTensors {
     floatX* encoded;    // (B, T, C)     token + position embedding
-    floatX* ln1;        // (L, B, T, C)  LayerNorm 1 output
+    floatX* ln1;        // (L, B, T, Cp) LayerNorm 1 output, rows of Cp = ln_ld(C): C values, a one, zeros (see ln_ld)
     floatX* qkv;        // (L, B, T, 3C)
     floatX* atty;       // (L, B, T, C)  attention output before the projection
     floatX* att;        // (L, B, NH, T, T) softmax probabilities (cuBLAS attention only; flash keeps attn_lse)
     floatX* residual2;  // (L, B, T, C)  residual after attention: x + attproj, written by attproj's matmul
-    floatX* ln2;        // (L, B, T, C)
+    floatX* ln2;        // (L, B, T, Cp) as ln1
     floatX* fch;        // (L, B, T, 4C) MLP hidden, before GELU
     floatX* fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per layer
     floatX* residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer, written by fcproj's matmul
@@ -279,14 +279,27 @@ constexpr int NUM_STAT_TENSORS = sizeof(StatTensors) / sizeof(float*);
 constexpr size_t kLogitsChunkRows = 32768;
 inline size_t logits_rows(size_t BT) { return std::min(BT, kLogitsChunkRows); }
 
+// The LayerNorm outputs that feed a linear layer with a bias (ln1 -> qkv, ln2 -> fc) are stored with
+// rows of ln_ld(C) > C elements: the C values, a column of ones, zeros up to a whole 16-byte vector.
+// The LayerNorm writes only the C values; the ones and zeros are set once (gpt_create). Then the
+// weight gradient's GEMM also yields the bias gradient (matmul_backward_weight_bias): dout, the
+// largest tensor of each layer's backward, is read once instead of twice.
+inline int ln_ld(int C) { return ones_column_ld(C, sizeof(floatX)); }
+
+__global__ void fill_ones_column_kernel(floatX* x, size_t rows, int C, int ld) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < rows * (ld - C); i += size_t(gridDim.x) * blockDim.x)
+        x[i / (ld - C) * ld + C + i % (ld - C)] = from_float<floatX>(i % (ld - C) == 0 ? 1.0f : 0.0f);
+}
+
 // With flash attention the (B, NH, T, T) tensors and the per-head scratch are not needed (size 0).
 // With recompute (GELU recomputed in the backward) fch_gelu holds one layer, not L.
 inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool recompute, size_t act[NUM_ACT_TENSORS],
                              size_t stat[NUM_STAT_TENSORS]) {
     const size_t L = c.L, BT = size_t(B) * T, C = c.C, NH = c.NH, TT = flash ? 0 : size_t(T) * T, heads = flash ? 0 : 1;
     const size_t LG = recompute ? 1 : L;  // layers of fch_gelu kept
-    const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * C,     L * BT * 3 * C, L * BT * C,     L * B * NH * TT,
-                                       L * BT * C, L * BT * C,     L * BT * 4 * C, LG * BT * 4 * C, L * BT * C,
+    const size_t Cp = ln_ld(c.C);           // ln1, ln2: rows with their column of ones
+    const size_t a[NUM_ACT_TENSORS] = {BT * C,     L * BT * Cp,    L * BT * 3 * C, L * BT * C,     L * B * NH * TT,
+                                       L * BT * C, L * BT * Cp,    L * BT * 4 * C, LG * BT * 4 * C, L * BT * C,
                                        BT * C,     logits_rows(BT) * c.Vp, heads * 3 * BT * C, heads * BT * C,
                                        BT * C,     BT * C,         BT * 4 * C,     heads * 3 * BT * C, size_t(B) * NH * TT};
     const size_t s[NUM_STAT_TENSORS] = {L * BT, L * BT, L * BT, L * BT, BT, BT, BT, flash ? L * NH * BT : 0};
@@ -339,6 +352,7 @@ struct GPT {
     floatX* acts_memory = nullptr;
     float* stats_memory = nullptr;
     void* ln_scratch = nullptr;
+    float* wgrad_scratch = nullptr;  // (4C, ln_ld(C)) fp32: qkv's and fc's weight and bias gradients, one GEMM each
     bool flash = false;             // attention through flash_attention.cuh (bf16 builds, head sizes it takes)
     void* flash_scratch = nullptr;  // its backward's scratch (D)
     void* flash_ds = nullptr;       // room for its backward's dS tiles: acts.logits where that is big enough
@@ -431,6 +445,12 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
 
     const int BT = B * T, NH = m.config.NH, HS = m.config.C / NH;
     m.ln_scratch = gpt_alloc<void>(m, layernorm_backward_scratch_bytes(BT, m.config.C), "LayerNorm backward scratch");
+    const int C = m.config.C, Cp = ln_ld(C);
+    m.wgrad_scratch = gpt_alloc<float>(m, size_t(4) * C * Cp * sizeof(float), "weight and bias gradient scratch");
+    for (floatX* ln : {m.acts.ln1, m.acts.ln2}) {
+        fill_ones_column_kernel<<<1024, 256>>>(ln, size_t(m.config.L) * BT, C, Cp);
+        cuda_check_launch();
+    }
     // The logits buffer holds nothing live between the LM head's backward and the next forward: the
     // backward borrows it. With -ov 1 qkv's gradient takes its tail (the weight stream reads it while
     // the data gradients go on in dbig), where that leaves room for flash attention's dS.
@@ -473,7 +493,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
 
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
-                                                m.stats_memory, m.ln_scratch, m.flash_scratch, m.flash_ds_memory, m.step,
+                                                m.stats_memory, m.ln_scratch, m.wgrad_scratch, m.flash_scratch, m.flash_ds_memory, m.step,
                                                 m.norm_partials, m.loss_scratch, m.inputs, m.targets, m.buckets,
                                                 m.encoder_partials, (void*)m.dqkv_memory})
         if (p) cuda_check(cudaFree(p));
@@ -604,26 +624,29 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     const ActivationTensors& a = m.acts;
     const StatTensors& s = m.stats;
     const size_t btc = size_t(BT) * C;
+    const int Cp = ln_ld(C);
+    const size_t btcp = size_t(BT) * Cp;  // one layer of ln1 / ln2
 
     Profiler& prof = profiler();
     prof.mark("fwd.encoder");
     encoder_forward(a.encoded, m.inputs, p.wte, p.wpe, B, T, C);
     prof.mark("fwd.layernorm");
-    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C);
+    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, 0, Cp);
     for (int l = 0; l < L; l++) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;  // this layer's input residual
-        floatX* ln1 = a.ln1 + l * btc;
+        floatX* ln1 = a.ln1 + l * btcp;
         floatX* qkv = a.qkv + l * 3 * btc;
         floatX* atty = a.atty + l * btc;
         floatX* att = a.att + l * size_t(B) * NH * T * T;
         floatX* residual2 = a.residual2 + l * btc;
-        floatX* ln2 = a.ln2 + l * btc;
+        floatX* ln2 = a.ln2 + l * btcp;
         floatX* fch = a.fch + l * 4 * btc;
         floatX* fch_gelu = m.recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
-        matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C);
+        matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C, (floatX*)nullptr, 0,
+                       (const floatX*)nullptr, Cp);
         prof.mark("fwd.attention");
 #if !defined(ENABLE_FP32)  // flash attention is bf16 only
         if (m.flash) flash_attention_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
@@ -635,12 +658,14 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         matmul_forward(residual2, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C,
                        (floatX*)nullptr, 0, x);
         prof.mark("fwd.layernorm");
-        layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C, 0, Cp);
         prof.mark("fwd.matmul");
         if (m.gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
-            matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, fch);
+            matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, fch, 0,
+                           (const floatX*)nullptr, Cp);
         } else {
-            matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C);
+            matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, (floatX*)nullptr, 0,
+                           (const floatX*)nullptr, Cp);
             prof.mark("fwd.gelu");
             gelu_forward(fch_gelu, fch, 4 * btc);
         }
@@ -649,8 +674,8 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
                        (floatX*)nullptr, 0, residual2);
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
-            layernorm_forward(a.ln1 + (l + 1) * btc, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
-                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C);
+            layernorm_forward(a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
+                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C, 0, Cp);
         else
             layernorm_forward(a.lnf, s.lnf_mean, s.lnf_rstd, residual3, p.lnfw, p.lnfb, BT, C);
     }
@@ -740,12 +765,16 @@ inline void wgrad_wait(GPT& m, WgradPoint point) {
 // gradients wait for dout only, not for dinp; dinp is enqueued first, so the GPU's block scheduler
 // serves the chain's kernel before the weight stream's. (Enqueueing the weight gradients first
 // measured a little slower: 574,280 against 579,943 tok/s at B=64, median of 3 runs each.)
+// A layer with a bias reads a LayerNorm output with its column of ones (rows of ln_ld(C)): its
+// weight and bias gradients come from one GEMM (matmul_backward_weight_bias, via m.wgrad_scratch,
+// which the weight stream's GEMMs use one after another).
 template <typename T>
 void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
                      int OC, const T* pre_gelu, WgradPoint point) {
     const cudaStream_t ws = wgrad_fork(m);
     matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, pre_gelu, 0);
-    matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, nullptr, ws);
+    if (dbias) matmul_backward_weight_bias<T>(dweight, dbias, m.wgrad_scratch, dout, inp, ln_ld(C), N, C, OC, ws);
+    else matmul_backward<T>(nullptr, dweight, nullptr, dout, inp, weight, N, C, OC, nullptr, ws);
     wgrad_mark(m, point);
 }
 
@@ -773,12 +802,12 @@ inline void gpt_backward(GPT& m, int B, int T) {
                        s.lnf_rstd, BT, C, 0, g.fcprojb + size_t(L - 1) * C);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
-        const floatX* ln1 = a.ln1 + l * btc;
+        const floatX* ln1 = a.ln1 + l * size_t(BT) * ln_ld(C);
         const floatX* qkv = a.qkv + l * 3 * btc;
         const floatX* atty = a.atty + l * btc;
         const floatX* att = a.att + l * size_t(B) * NH * T * T;
         const floatX* residual2 = a.residual2 + l * btc;
-        const floatX* ln2 = a.ln2 + l * btc;
+        const floatX* ln2 = a.ln2 + l * size_t(BT) * ln_ld(C);
         const floatX* fch = a.fch + l * 4 * btc;
         floatX* fch_gelu = m.recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;
         const size_t fc_w = size_t(l) * 4 * C * C;

@@ -218,9 +218,12 @@ template <typename T> __global__ void residual_add_kernel(T* residual, const T* 
 // ---------------------------------------------------------------------------------------------
 // Dispatch. Returns the name of what actually ran (version 4 falls back to 3 on shapes it can't hold).
 
+// out_ld (version 5 only; 0: C): the distance between out's rows, as train_gpt's LayerNorm outputs
+// with their column of ones after the C values (matmul.cuh, matmul_backward_weight_bias).
 template <typename T>
 const char* run_version(int version, T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
-                        int N, int C) {
+                        int N, int C, int out_ld = 0) {
+    if (out_ld && version != 5) fail("out_ld is the header's (version 5) only");
     switch (version) {
         case 1:
             layernorm_forward_kernel1<T><<<(N + 127) / 128, 128>>>(out, mean, rstd, inp, weight, bias, N, C);
@@ -245,13 +248,13 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
             using namespace layernorm_detail;
             const int min_block = g_min_block ? g_min_block : kForwardMinBlockOf<T>;  // the knobs pick the launcher's template arguments
             if (g_stream_loads && min_block == 32)
-                forward_launch<T, false, true, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+                forward_launch<T, false, true, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             else if (g_stream_loads)
-                forward_launch<T, false, true, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+                forward_launch<T, false, true, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             else if (min_block == 32)
-                forward_launch<T, false, false, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+                forward_launch<T, false, false, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             else
-                forward_launch<T, false, false, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr);
+                forward_launch<T, false, false, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             if (g_wpr && g_wpr < forward_min_warps_per_row(C)) {
                 cuda_check_launch();
                 return "--wpr below the rows' need: the header's choice ran";
@@ -330,8 +333,11 @@ struct Shape {
 const Shape kCheckShapes[] = {{1, 768},  {7, 1},     {5, 33},    {64, 768},  {33, 1000}, {16, 1600}, {300, 1024},
                               {9, 4100}, {4, 16384}, {2, 65536}, {1, 65536}, {2048, 64}, {37, 3072}};
 
-template <typename T> bool check_one(int version, bool residual, int N, int C, int shift, uint64_t seed) {
+// strided: out rows out_ld = C + 1 rounded up to 16 bytes apart (the header only); the elements
+// between rows must keep their poison (the LayerNorm writes only its C values).
+template <typename T> bool check_one(int version, bool residual, int N, int C, int shift, uint64_t seed, bool strided = false) {
     const size_t NC = size_t(N) * C;
+    const int ld = strided ? (C + Vec128<T>::size) / Vec128<T>::size * Vec128<T>::size : C;
     Rng rng(seed);
     std::vector<T> a(NC), b(NC), w(C), bias(C);
     fill_rows(a, N, C, rng);
@@ -346,7 +352,7 @@ template <typename T> bool check_one(int version, bool residual, int N, int C, i
     layernorm_forward_reference(ref_out.data(), ref_mean.data(), ref_rstd.data(), x.data(), w.data(), bias.data(), N, C);
 
     DeviceBuffer<T> d_a(NC, "a", shift), d_b(NC, "b", shift), d_w(C, "weight", shift), d_bias(C, "bias", shift);
-    DeviceBuffer<T> d_out(NC, "out", shift), d_res(NC, "residual", shift);
+    DeviceBuffer<T> d_out(size_t(N) * ld, "out", shift), d_res(NC, "residual", shift);
     DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
     d_a.upload(a), d_w.upload(w), d_bias.upload(bias);
     if (residual) d_b.upload(b);
@@ -354,7 +360,8 @@ template <typename T> bool check_one(int version, bool residual, int N, int C, i
 
     const char* note = residual ? run_residual_version<T>(version, d_res.ptr, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr,
                                                           d_b.ptr, d_w.ptr, d_bias.ptr, N, C)
-                                : run_version<T>(version, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr, d_w.ptr, d_bias.ptr, N, C);
+                                : run_version<T>(version, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr, d_w.ptr, d_bias.ptr, N, C,
+                                                 strided ? ld : 0);
     cuda_check(cudaDeviceSynchronize());
     if (note) printf("  (%s)\n", note);
 
@@ -362,7 +369,20 @@ template <typename T> bool check_one(int version, bool residual, int N, int C, i
     const bool bf16 = sizeof(T) == 2;
     const double out_rtol = bf16 ? std::ldexp(1.0, -8) + tol : tol;
     bool ok = true;
-    const auto out = d_out.download();
+    const auto out_rows = d_out.download();
+    std::vector<T> out(NC);
+    size_t pad_written = 0;
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < ld; c++) {
+            const T v = out_rows[size_t(r) * ld + c];
+            if (c < C) out[size_t(r) * C + c] = v;
+            else {
+                uint16_t bits[sizeof(T) / 2];
+                memcpy(bits, &v, sizeof(T));
+                for (uint16_t b : bits) pad_written += b != 0xffff;
+            }
+        }
+    if (pad_written) printf("  FAIL: %zu elements between rows (out_ld %d) were written\n", pad_written, ld), ok = false;
     const auto mean = d_mean.download(), rstd = d_rstd.download();
     ok &= check_close("out", out.data(), ref_out.data(), NC, tol, out_rtol);
     ok &= check_close("mean (fp32)", mean.data(), ref_mean.data(), N, tol, tol);
@@ -440,18 +460,20 @@ template <typename T> void check_all(TestCounter& tests, bool gpu, bool residual
     uint64_t seed = 1;
     for (int v : versions)
         for (const Shape& s : kCheckShapes)
-            for (int shift : {0, 1}) {
-                char name[160];
-                snprintf(name, sizeof(name), "forward%s v%d %s N=%d C=%d %s", residual ? " residual" : "", v, dtype_name<T>(), s.N,
-                         s.C, shift ? "misaligned" : "aligned");
-                seed++;
-                if (!gpu) {
-                    tests.skip(name);
-                    continue;
+            for (int shift : {0, 1})
+                for (bool strided : {false, true}) {  // strided: out_ld, the header's only
+                    if (strided && (v != kNumVersions || residual)) continue;
+                    char name[160];
+                    snprintf(name, sizeof(name), "forward%s v%d %s N=%d C=%d %s%s", residual ? " residual" : "", v,
+                             dtype_name<T>(), s.N, s.C, shift ? "misaligned" : "aligned", strided ? " out_ld" : "");
+                    seed++;
+                    if (!gpu) {
+                        tests.skip(name);
+                        continue;
+                    }
+                    printf("%s\n", name);
+                    tests.record(check_one<T>(v, residual, s.N, s.C, shift, seed, strided));
                 }
-                printf("%s\n", name);
-                tests.record(check_one<T>(v, residual, s.N, s.C, shift, seed));
-            }
 }
 
 int main(int argc, char** argv) {

@@ -298,6 +298,37 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
         check_vec("dbias", version, d_db.download(), db, db_tol);
     }
 
+    // Version 2, the layers with a bias as training runs them: inp with its column of ones (rows of
+    // ones_column_ld(C) elements: C values, a one, zeros), read by the forward at that row distance,
+    // and one GEMM for dweight and dbias (matmul_backward_weight_bias), from non-zero dweight / dbias.
+    {
+        const int ld = ones_column_ld(C, sizeof(T));
+        std::vector<T> inp_ld(size_t(N) * ld);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < ld; c++)
+                inp_ld[size_t(n) * ld + c] = c < C ? inp[size_t(n) * C + c] : from_float<T>(c == C ? 1.0f : 0.0f);
+        DeviceBuffer<T> d_inp_ld(inp_ld.size(), "inp with its ones column");
+        DeviceBuffer<float> d_scratch(size_t(OC) * ld, "weight and bias gradient scratch");
+        d_inp_ld.upload(inp_ld);
+        d_out.poison(), d_aux.poison(), d_scratch.poison();
+        matmul_forward(d_out.ptr, d_inp_ld.ptr, d_w.ptr, d_b.ptr, N, C, OC, with_gelu ? d_aux.ptr : nullptr, 0, (const T*)nullptr, ld);
+        cuda_check(cudaDeviceSynchronize());
+        if (with_gelu) {
+            check_vec("fwd aux ld", 2, d_aux.download(), y, y_tol);
+            check_vec("fwd gelu ld", 2, d_out.download(), g, g_tol);
+        } else {
+            check_vec("fwd ld", 2, d_out.download(), y, y_tol);
+        }
+        d_dw.upload(dweight0), d_db.upload(dbias0);
+        matmul_backward_weight_bias(d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dout.ptr, d_inp_ld.ptr, ld, N, C, OC);
+        cuda_check(cudaDeviceSynchronize());
+        check_vec("dw 1 GEMM", 2, d_dw.download(), dw, dw_tol);
+        check_vec("db 1 GEMM", 2, d_db.download(), db, db_tol);
+        const bool inp_kept = d_inp_ld.download() == inp_ld;
+        printf("  v2 %-8s %-34s %s\n", "inp ld", what, inp_kept ? "ok   unchanged" : "FAIL changed");
+        tests.record(inp_kept);
+    }
+
     // Version 3: every algorithm the heuristic offers for the forward (with and without the residual)
     // and the two backward GEMMs, at the shapes the header sends to cuBLASLt (every dimension a whole
     // number of 16-byte vectors).
@@ -390,6 +421,7 @@ void benchmark(int rows, int max_algos) {
         aux(size_t(N) * 4 * C, "aux"), w(size_t(Vp) * C, "weight"), dw(size_t(Vp) * C, "dweight"),
         dw_init(size_t(Vp) * C, "dweight init"), b(Vp, "bias"), db(Vp, "dbias"), res(size_t(N) * C, "residual");
     DeviceBuffer<float> bgrad(Vp, "bias gradient fp32");
+    DeviceBuffer<float> wb_scratch(size_t(4) * C * ones_column_ld(C, sizeof(bf16)), "weight and bias gradient scratch");
     {
         Rng rng(7);
         std::vector<bf16> h(max_in);
@@ -468,6 +500,14 @@ void benchmark(int rows, int max_algos) {
             }, 3, 20);
             const double gbs = double(N) * L.OC * 2 / (b_ms * 1e-3) / 1e9;
             printf("%-8s %-8s %-26s %9.4f  (%.0f GB/s)\n", L.name, "dbias", "2 header (gemv)", b_ms, gbs);
+            // As training runs these layers: inp with its column of ones, dweight and dbias from one GEMM.
+            const int ld = ones_column_ld(L.C, sizeof(bf16));
+            const float wb_ms = time_median_ms([&] {
+                matmul_backward_weight_bias<bf16>(dw.ptr, db.ptr, wb_scratch.ptr, dout.ptr, inp.ptr, ld, N, L.C, L.OC);
+            }, 3, 20);
+            char extra[96];
+            snprintf(extra, sizeof(extra), "inp rows of %d: %+.4f ms against dweight + dbias", ld, wb_ms - w_ms - b_ms);
+            report(L.name, "dw+db", "2 header, 1 GEMM", wb_ms, flops, extra);
         }
         total_header += per_step * (f_ms + x_ms + w_ms + b_ms);
 
