@@ -19,7 +19,7 @@ log=$OUT/${NAME:?NAME: the log folder}
 mkdir -p "$log"
 # shellcheck disable=SC2064  # expand now: $OUT and $NAME are this script's
 trap "tar -czf '$OUT/${NAME}_part${PART:-0}.tgz' -C '$OUT' '$NAME'" EXIT
-export GPT_MIRROR=${GPT_MIRROR:-.carry/mirror}
+export GPT_MIRROR=$(realpath -m "${GPT_MIRROR:-.carry/mirror}")  # absolute: device_ab_dirs.sh prepares data in other folders
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv,noheader
 started=$SECONDS
