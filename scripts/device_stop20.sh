@@ -7,8 +7,12 @@
 #           training A/B of source trees (AB_DIRS, default .carry/ab/base = the code before and the
 #           working tree; scripts/device_ab_dirs.sh), -ov 1 and -ov 0 (AB_FLAGS). SKIP_CHECKS=1: the A/B only.
 #   PART=2  the matmul lab's benchmark (the 1-GEMM dweight + dbias rows beside dweight and the gemv).
+#   PART=3  the dq kernel through a ring of shared-memory stages (attention backward lab version 14):
+#           versions 13 and 14 validated (14 = 13 bit for bit at every ring depth) and benchmarked, 14
+#           at 2 and 4 stages too, then a B=64 training A/B of source trees (AB_DIRS, default
+#           .carry/ab/base and the working tree).
 set -u
-PARTS=12
+PARTS=123
 NAME=stop20
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -24,5 +28,11 @@ if [[ $PART == 1 ]]; then
 elif [[ $PART == 2 ]]; then
     step matmul_bench 400 ./dev/cuda/matmul
     grep -E "^(qkv|attproj|fc|fcproj|lmhead) |per step|reference" "$log/matmul_bench.log" | grep -vE " 3 " | head -n 60
+elif [[ $PART == 3 ]]; then
+    step attn_13_14 200 ./dev/cuda/attention_backward 13 14
+    grep -E "v14 .*= v13|FAIL|^  1[34] " "$log/attn_13_14.log" | grep -vE "bitwise identical$" | head -n 20
+    grep -cE "bitwise identical$" "$log/attn_13_14.log" | sed 's/^/bit checks identical: /'
+    for st in 2 4; do echo "--dq-stages $st: $(timeout 60 ./dev/cuda/attention_backward 13 14 --no-validate --dq-stages $st | grep -E "^  1[34] " | tr -s ' ' | tr '\n' ' ')"; done
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout $((590 - (SECONDS - started))) bash scripts/device_ab_dirs.sh
 fi
 echo "done at $((SECONDS - started)) s"
