@@ -1580,7 +1580,7 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
-        if (store_ds && backward_wgmma<3, 3>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
+        if (store_ds && backward_wgmma<3, 4>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
                                         store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {

@@ -11,8 +11,12 @@
 #           versions 13 and 14 validated (14 = 13 bit for bit at every ring depth) and benchmarked, 14
 #           at 2 and 4 stages too, then a B=64 training A/B of source trees (AB_DIRS, default
 #           .carry/ab/base and the working tree).
+#   PART=4  the code as it lands: the changed labs' --check (matmul, LayerNorm forward, attention
+#           backward), the unit tests, test/test_gpt.sh, a B=64 training A/B of source trees (AB_DIRS,
+#           default .carry/ab/base and the working tree), B=32, and 200 steps of bf16 (validation every
+#           50, against the fp32 curve of stop 19).
 set -u
-PARTS=123
+PARTS=1234
 NAME=stop20
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -34,5 +38,15 @@ elif [[ $PART == 3 ]]; then
     grep -cE "bitwise identical$" "$log/attn_13_14.log" | sed 's/^/bit checks identical: /'
     for st in 2 4; do echo "--dq-stages $st: $(timeout 60 ./dev/cuda/attention_backward 13 14 --no-validate --dq-stages $st | grep -E "^  1[34] " | tr -s ' ' | tr '\n' ' ')"; done
     OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout $((590 - (SECONDS - started))) bash scripts/device_ab_dirs.sh
+elif [[ $PART == 4 ]]; then
+    for lab in matmul layernorm_forward attention_backward; do step "check_$lab" 120 "./dev/cuda/$lab" --check; done
+    unit_tests
+    step test_gpt 330 bash test/test_gpt.sh
+    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout 170 bash scripts/device_ab_dirs.sh
+    timeout 30 ./train_gpt_bf16 -b 32 -x 20 -v 0 -s 0 > "$log/B32.log" 2>&1
+    echo "B=32 (rc $?): $(grep -E "^done" "$log/B32.log")"
+    timeout $((590 - (SECONDS - started))) ./train_gpt_bf16 -x 200 -v 50 -s 0 > "$log/curve_bf16.log" 2>&1
+    echo "bf16 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_bf16.log" | awk '{printf "%s:%s ", $2, $NF}')"
 fi
 echo "done at $((SECONDS - started)) s"
