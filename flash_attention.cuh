@@ -1035,12 +1035,13 @@ __global__ void __launch_bounds__(kDsTile * 2)
     }
 }
 
-// The same product through a STAGES-deep ring in shared memory: each stage holds a dS tile (8 KB, as
-// stored) and a k tile, copied by cp.async STAGES - 1 tiles ahead of their use, so a block keeps
-// (STAGES - 1) x 8 KB of dS in flight with no registers held for it. The kernel above prefetches one
-// tile into registers (8 KB a block in flight, 5 blocks per SM), and read dS at ~2.25 TB/s (dev/cuda
-// README, stop 16); the ring is meant to keep more bytes in flight per SM. Same products in the same
-// order: the same bits.
+// The same product through a STAGES-deep ring in shared memory (attention backward lab version 14):
+// each stage holds a dS tile (8 KB, as stored) and a k tile, copied by cp.async STAGES - 1 tiles ahead
+// of their use, so a block keeps (STAGES - 1) x 8 KB of dS in flight with no registers held for it,
+// where the kernel above prefetches one tile into registers and read dS at ~2.25 TB/s (dev/cuda
+// README, stop 16). Same products in the same order: the same bits. Measured (H100, stop 20): 4
+// stages 1.239 against 1.264 ms a layer in the lab, 2 and 3 stages slower; no gain in training, so the
+// header does not take it.
 template <int HS, int STAGES>
 __global__ void __launch_bounds__(kDsTile * 2)
     backward_dq_from_ds_staged_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
@@ -1580,7 +1581,9 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
-        if (store_ds && backward_wgmma<3, 4>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
+        // The dq kernel's shared-memory ring (lab version 14, backward_wgmma<3, 4>) ran 2% faster in the lab
+        // but gave no training gain (stop 20, dev/cuda/README.md): one tile ahead in registers, as before.
+        if (store_ds && backward_wgmma<3>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
                                         store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {

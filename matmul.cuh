@@ -7,6 +7,7 @@
 //                    with pre_gelu (N, C): dinp = (dout @ weight) * gelu'(pre_gelu)   (GELU backward fused)
 //                    dweight (OC, C) += dout^T @ inp                  (accumulated)
 //                    dbias (OC) += column sums of dout                (accumulated)
+//   matmul_backward_weight_bias  dweight and dbias in one GEMM, from an inp with a column of ones
 //   gelu_forward / gelu_backward_inplace: GPT-2's tanh approximation, as separate kernels.
 //
 // Non-obvious choices:
@@ -63,8 +64,11 @@
 //     off to ~1e-6; bf16 builds take bf16 inputs with fp32 accumulation. A fused GELU is computed from
 //     the fp32 pre-activation before it is rounded to bf16, the unfused kernel from the rounded one:
 //     the two differ by bf16 rounding, not by formula.
-//   - dbias is a matrix-vector product with a vector of ones (cuBLAS, beta = 1): accumulates,
-//     deterministic, and reads dout once.
+//   - dbias: given an inp that carries a column of ones after its C values (train_gpt's LayerNorm
+//     outputs), the weight gradient's GEMM over that column computes it too
+//     (matmul_backward_weight_bias: dout read once for both). Otherwise (matmul_backward) a
+//     matrix-vector product with a vector of ones (cuBLAS, beta = 1): accumulates, deterministic,
+//     and reads dout once more.
 //   - cuBLAS results are bitwise reproducible run to run on the same GPU model and stream (its
 //     documented guarantee; epilogues included), which the deterministic training relies on.
 #pragma once
@@ -694,9 +698,10 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // ~0.11 ms a layer each for qkv and fc at B=64 T=1024 on an H100, dev/cuda/matmul.cu). The GEMM
 // writes fp32 into scratch ((OC, inp_ld) floats, overwritten), and a small kernel adds it into
 // dweight (OC, C) and dbias (OC): each gradient rounded to T once, as D += in the GEMM would.
-// inp_ld = round_up(C + 1, 16 bytes); the padding costs the GEMM little (the tiles of C = 768 do
-// not fill the H100's SMs evenly anyway). Falls back to the two-pass way where cuBLASLt has no
-// algorithm.
+// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, stop 20): qkv (OC =
+// 2304) 0.335 ms against 0.347 + 0.112 for dweight and the matrix-vector dbias, fc (OC = 3072) 0.441
+// against 0.419 + 0.135; training at B=64 +0.8%. Falls back to the two-pass way where cuBLASLt has no
+// algorithm (shapes whose leading dimensions are not whole 16-byte vectors).
 template <typename T> __global__ void add_weight_bias_kernel(T* dweight, T* dbias, const float* scratch, int OC, int C, int ld) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(OC) * ld; i += size_t(gridDim.x) * blockDim.x) {
         const int o = int(i / ld), c = int(i % ld);

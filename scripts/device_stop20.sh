@@ -15,8 +15,10 @@
 #           backward), the unit tests, test/test_gpt.sh, a B=64 training A/B of source trees (AB_DIRS,
 #           default .carry/ab/base and the working tree), B=32, and 200 steps of bf16 (validation every
 #           50, against the fp32 curve of stop 19).
+#   PART=5  the landed tree: the attention backward lab's --check (the header back on version 13's dq
+#           kernel), B=64 training, then the matmul lab's benchmark (PART 2's) within the call's time.
 set -u
-PARTS=1234
+PARTS=12345
 NAME=stop20
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -48,5 +50,11 @@ elif [[ $PART == 4 ]]; then
     echo "B=32 (rc $?): $(grep -E "^done" "$log/B32.log")"
     timeout $((590 - (SECONDS - started))) ./train_gpt_bf16 -x 200 -v 50 -s 0 > "$log/curve_bf16.log" 2>&1
     echo "bf16 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_bf16.log" | awk '{printf "%s:%s ", $2, $NF}')"
+elif [[ $PART == 5 ]]; then
+    step check_attention_backward 60 ./dev/cuda/attention_backward --check
+    timeout 40 ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 > "$log/B64.log" 2>&1
+    echo "B=64 (rc $?): $(grep -E "^done" "$log/B64.log")"
+    step matmul_bench $((280 - (SECONDS - started))) ./dev/cuda/matmul
+    grep -E "^(qkv|attproj|fc|fcproj|lmhead) |per step|reference" "$log/matmul_bench.log" | grep -vE " 3 " | head -n 60
 fi
 echo "done at $((SECONDS - started)) s"
