@@ -416,12 +416,16 @@ void benchmark(int rows, int max_algos) {
                             {"fcproj", 4 * C, C, true, false, true, true},
                             {"lmhead", C, Vp, false, false, false, false}};
     // One set of buffers big enough for every layer.
-    const size_t max_in = size_t(N) * 4 * C, max_out = std::max(size_t(N) * 4 * C, size_t(std::min(N, kLmHeadChunkRows)) * Vp);
+    // inp: fcproj's (N, 4C), or with the column of ones of the 1-GEMM dweight + dbias (rows of ld(4C)).
+    const size_t max_in = size_t(N) * ones_column_ld(4 * C, sizeof(bf16)), max_out = std::max(size_t(N) * 4 * C, size_t(std::min(N, kLmHeadChunkRows)) * Vp);
     DeviceBuffer<bf16> inp(max_in, "inp"), dout(max_out, "dout"), out(max_out, "out"),
         aux(size_t(N) * 4 * C, "aux"), w(size_t(Vp) * C, "weight"), dw(size_t(Vp) * C, "dweight"),
         dw_init(size_t(Vp) * C, "dweight init"), b(Vp, "bias"), db(Vp, "dbias"), res(size_t(N) * C, "residual");
     DeviceBuffer<float> bgrad(Vp, "bias gradient fp32");
-    DeviceBuffer<float> wb_scratch(size_t(4) * C * ones_column_ld(C, sizeof(bf16)), "weight and bias gradient scratch");
+    size_t wb_floats = 0;  // the 1-GEMM dweight + dbias's scratch, (OC, ld(C)) floats, for the largest layer
+    for (const Layer& L : layers)
+        if (L.bias) wb_floats = std::max(wb_floats, size_t(L.OC) * ones_column_ld(L.C, sizeof(bf16)));
+    DeviceBuffer<float> wb_scratch(wb_floats, "weight and bias gradient scratch");
     {
         Rng rng(7);
         std::vector<bf16> h(max_in);
