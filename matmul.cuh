@@ -698,10 +698,10 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // ~0.11 ms a layer each for qkv and fc at B=64 T=1024 on an H100, dev/cuda/matmul.cu). The GEMM
 // writes fp32 into scratch ((OC, inp_ld) floats, overwritten), and a small kernel adds it into
 // dweight (OC, C) and dbias (OC): each gradient rounded to T once, as D += in the GEMM would.
-// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, stop 20): qkv (OC =
-// 2304) 0.335 ms against 0.347 + 0.112 for dweight and the matrix-vector dbias, fc (OC = 3072) 0.441
-// against 0.419 + 0.135; training at B=64 +0.8%. Falls back to the two-pass way where cuBLASLt has no
-// algorithm (shapes whose leading dimensions are not whole 16-byte vectors).
+// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, stop 20, lab): qkv
+// (OC = 2304) 0.332 ms against 0.332 + 0.106 for dweight and the matrix-vector dbias, fc (OC = 3072)
+// 0.440 against 0.442 + 0.137; training at B=64 +0.8%. Falls back to the two-pass way where cuBLASLt
+// has no algorithm (shapes whose leading dimensions are not whole 16-byte vectors).
 template <typename T> __global__ void add_weight_bias_kernel(T* dweight, T* dbias, const float* scratch, int OC, int C, int ld) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(OC) * ld; i += size_t(gridDim.x) * blockDim.x) {
         const int o = int(i / ld), c = int(i % ld);
