@@ -401,9 +401,9 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n
     const int align_bias = bias ? pointer_alignment(bias) : 0, align_aux = aux ? pointer_alignment(aux) : 0;
     const int align_c = C ? pointer_alignment(C) : 0;  // 0: no C, its own plan (beta = 0)
     const int in_place = C == D;
-    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
+    static std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int, int>, MatmulPlan> plans;
     MatmulPlan& plan = plans[std::make_tuple((int)ta, (int)tb, m, n, k, (int)ep, align_a, align_b, align_d, align_bias,
-                                             align_aux, align_c, in_place, ldb)];
+                                             align_aux, align_c, in_place, ldb, (int)sizeof(TD))];
     if (plan.made) return plan;
     plan.made = true;
     const bool uses_aux = ep == MatmulEpilogue::gelu || ep == MatmulEpilogue::dgelu;

@@ -765,16 +765,16 @@ inline void wgrad_wait(GPT& m, WgradPoint point) {
 // gradients wait for dout only, not for dinp; dinp is enqueued first, so the GPU's block scheduler
 // serves the chain's kernel before the weight stream's. (Enqueueing the weight gradients first
 // measured a little slower: 574,280 against 579,943 tok/s at B=64, median of 3 runs each.)
-// A layer with a bias reads a LayerNorm output with its column of ones (rows of ln_ld(C)): its
+// inp_ld != 0: inp is a LayerNorm output with its column of ones (rows of inp_ld = ln_ld(C)), and the
 // weight and bias gradients come from one GEMM (matmul_backward_weight_bias, via m.wgrad_scratch,
-// which the weight stream's GEMMs use one after another).
+// which the weight stream's GEMMs use one after another). 0: inp is (N, C).
 template <typename T>
 void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
-                     int OC, const T* pre_gelu, WgradPoint point) {
+                     int OC, const T* pre_gelu, WgradPoint point, int inp_ld = 0) {
     const cudaStream_t ws = wgrad_fork(m);
     matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, pre_gelu, 0);
-    if (dbias) matmul_backward_weight_bias<T>(dweight, dbias, m.wgrad_scratch, dout, inp, ln_ld(C), N, C, OC, ws);
-    else matmul_backward<T>(nullptr, dweight, nullptr, dout, inp, weight, N, C, OC, nullptr, ws);
+    if (inp_ld) matmul_backward_weight_bias<T>(dweight, dbias, m.wgrad_scratch, dout, inp, inp_ld, N, C, OC, ws);
+    else matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, nullptr, ws);
     wgrad_mark(m, point);
 }
 
@@ -829,7 +829,7 @@ inline void gpt_backward(GPT& m, int B, int T) {
         }
         prof.mark("bwd.matmul");
         linear_backward(m, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
-                        kReadDbig);
+                        kReadDbig, ln_ld(C));
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadMlpDresidual);
@@ -849,7 +849,7 @@ inline void gpt_backward(GPT& m, int B, int T) {
         if (!m.flash) attention_backward(m.dqkv, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
         linear_backward(m, a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, m.dqkv, ln1,
-                        p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C, none, kReadDqkv);
+                        p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C, none, kReadDqkv, ln_ld(C));
         // += into dresidual: it becomes the gradient of this layer's input x.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadAttnDresidual);

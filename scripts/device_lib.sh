@@ -9,6 +9,7 @@
 #                                 exit code, the time and the count / failure lines
 #   lab_check                     every lab's --check (in lab_check.log), then each lab's count line
 #   unit_tests                    every build/test program
+#   secs_left S                   the seconds left until S seconds after $started (at least 1), for timeouts
 PART=${PART:-1}
 [[ $PART == ["${PARTS:?PARTS: the digits PART may be}"] ]] ||
     { echo "error: PART must be one of ${PARTS}, got '$PART'" >&2; exit 1; }
@@ -42,4 +43,8 @@ lab_check() {
 }
 unit_tests() {
     step unit_tests 60 bash -c 'rc=0; for t in build/test/test_*; do echo "=== $t"; $t | tail -n 3; [[ ${PIPESTATUS[0]} == 0 ]] || rc=1; done; exit $rc'
+}
+secs_left() {
+    local t=$(($1 - (SECONDS - started)))
+    echo $((t > 1 ? t : 1))
 }

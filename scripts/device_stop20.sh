@@ -32,7 +32,7 @@ if [[ $PART == 1 ]]; then
     step test_gpt 300 bash test/test_gpt.sh
     grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
     }
-    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" FLAGS="${AB_FLAGS:--ov 1;-ov 0}" PF=0 timeout $((590 - (SECONDS - started))) \
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" FLAGS="${AB_FLAGS:--ov 1;-ov 0}" PF=0 timeout "$(secs_left 590)" \
         bash scripts/device_ab_dirs.sh
 elif [[ $PART == 2 ]]; then
     step matmul_bench 400 ./dev/cuda/matmul
@@ -42,7 +42,7 @@ elif [[ $PART == 3 ]]; then
     grep -E "v14 .*= v13|FAIL|^  1[34] " "$log/attn_13_14.log" | grep -vE "bitwise identical$" | head -n 20
     grep -cE "bitwise identical$" "$log/attn_13_14.log" | sed 's/^/bit checks identical: /'
     for st in 2 4; do echo "--dq-stages $st: $(timeout 60 ./dev/cuda/attention_backward 13 14 --no-validate --dq-stages $st | grep -E "^  1[34] " | tr -s ' ' | tr '\n' ' ')"; done
-    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout $((590 - (SECONDS - started))) bash scripts/device_ab_dirs.sh
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
 elif [[ $PART == 4 ]]; then
     for lab in matmul layernorm_forward attention_backward; do step "check_$lab" 120 "./dev/cuda/$lab" --check; done
     unit_tests
@@ -51,13 +51,13 @@ elif [[ $PART == 4 ]]; then
     OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout 170 bash scripts/device_ab_dirs.sh
     timeout 30 ./train_gpt_bf16 -b 32 -x 20 -v 0 -s 0 > "$log/B32.log" 2>&1
     echo "B=32 (rc $?): $(grep -E "^done" "$log/B32.log")"
-    timeout $((590 - (SECONDS - started))) ./train_gpt_bf16 -x 200 -v 50 -s 0 > "$log/curve_bf16.log" 2>&1
+    timeout "$(secs_left 590)" ./train_gpt_bf16 -x 200 -v 50 -s 0 > "$log/curve_bf16.log" 2>&1
     echo "bf16 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_bf16.log" | awk '{printf "%s:%s ", $2, $NF}')"
 elif [[ $PART == 5 ]]; then
     step check_attention_backward 60 ./dev/cuda/attention_backward --check
     timeout 40 ./train_gpt_bf16 -b 64 -x 20 -v 0 -s 0 > "$log/B64.log" 2>&1
     echo "B=64 (rc $?): $(grep -E "^done" "$log/B64.log")"
-    step matmul_bench $((280 - (SECONDS - started))) ./dev/cuda/matmul
+    step matmul_bench "$(secs_left 280)" ./dev/cuda/matmul
     grep -E "^(qkv|attproj|fc|fcproj|lmhead) |per step|reference" "$log/matmul_bench.log" | grep -vE " 3 " | head -n 60
 fi
 echo "done at $((SECONDS - started)) s"
