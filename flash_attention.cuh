@@ -72,9 +72,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool val
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {  // all but this thread's N newest groups landed
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1035,93 +1032,6 @@ __global__ void __launch_bounds__(kDsTile * 2)
     }
 }
 
-// The same product through a STAGES-deep ring in shared memory (attention backward lab version 14):
-// each stage holds a dS tile (8 KB, as stored) and a k tile, copied by cp.async STAGES - 1 tiles ahead
-// of their use, so a block keeps (STAGES - 1) x 8 KB of dS in flight with no registers held for it,
-// where the kernel above prefetches one tile into registers and read dS at ~2.25 TB/s (dev/cuda
-// README, stop 16). Same products in the same order: the same bits. Measured (H100, stop 20): 4
-// stages 1.239 against 1.264 ms a layer in the lab, 2 and 3 stages slower; no gain in training, so the
-// header does not take it.
-template <int HS, int STAGES>
-__global__ void __launch_bounds__(kDsTile * 2)
-    backward_dq_from_ds_staged_kernel(bf16* dqkv, const uint4* ds, const bf16* qkv, int T, int NH, float scale) {
-    constexpr int BQ = kDsTile, BK = kDsTile, KSTEPS = BK / 16, LD = HS + 8, DT = HS / 8, THREADS = kDsTile * 2;
-    static_assert(STAGES >= 2, "stages");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint4* sDS = reinterpret_cast<uint4*>(smem_raw);                 // STAGES x kDsTileVecs
-    bf16* sK = reinterpret_cast<bf16*>(sDS + STAGES * kDsTileVecs);  // STAGES x BK x LD
-
-    const int n_qt = gridDim.x, qt = n_qt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;  // heaviest first
-    const int C = NH * HS, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c4 = lane % 4;
-    const size_t stride = 3 * size_t(C);
-    const bf16* k_src = qkv + size_t(b) * T * stride + C + h * HS;
-    const uint4* tiles = ds + ds_tile_index(b, h, NH, n_qt, qt, 0) * kDsTileVecs;  // tile j: + j kDsTileVecs
-
-    auto load = [&](int j) {  // tile j's dS and k into stage j % STAGES
-        uint4* dst = sDS + (j % STAGES) * kDsTileVecs;
-        for (int i = threadIdx.x; i < kDsTileVecs; i += THREADS) cp_async16(dst + i, tiles + size_t(j) * kDsTileVecs + i, true);
-        load_rows_async<HS, LD, THREADS>(sK + (j % STAGES) * BK * LD, k_src, stride, j * BK, BK, T);
-    };
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; st++) {
-        if (st <= qt) load(st);
-        cp_async_commit();  // empty groups too: the wait below counts groups
-    }
-    float dq[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-
-    for (int j = 0; j <= qt; j++) {
-        cp_async_wait<STAGES - 2>();  // this thread's copies of tile j landed
-        __syncthreads();              // everyone's; and everyone is done with tile j - 1, whose stage is refilled next
-        if (j + STAGES - 1 <= qt) load(j + STAGES - 1);
-        cp_async_commit();
-        const uint4* frag = sDS + (j % STAGES) * kDsTileVecs + warp * KSTEPS * 32 + lane;  // + ks 32: key step ks
-        const bf16* cK = sK + (j % STAGES) * BK * LD;
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ks++) {
-            if (j == qt && ks > warp) break;  // on the diagonal tile these keys are after all this warp's queries: dS = 0
-            const uint4 v = frag[ks * 32];
-            const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int dpair = 0; dpair < DT / 2; dpair++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cK, LD, ks * 16, dpair * 16);
-                mma_bf16(dq[2 * dpair], a, bb[0], bb[1]);
-                mma_bf16(dq[2 * dpair + 1], a, bb[2], bb[3]);
-            }
-        }
-    }
-
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int row = qt * BQ + warp * 16 + g + hf * 8;
-        if (row >= T) continue;
-        bf16* dst = dqkv + (size_t(b) * T + row) * stride + h * HS + 2 * c4;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                __floats2bfloat162_rn(dq[dt][hf * 2] * scale, dq[dt][hf * 2 + 1] * scale);
-    }
-}
-
-// dq from the stored dS: DQ_STAGES 0 = backward_dq_from_ds_kernel (one tile ahead in registers),
-// else backward_dq_from_ds_staged_kernel with that many stages.
-template <int HS, int DQ_STAGES>
-void launch_dq_from_ds(bf16* dqkv, const uint4* ds, const bf16* qkv, int B, int T, int NH, float scale, cudaStream_t stream) {
-    const dim3 grid((T + kDsTile - 1) / kDsTile, NH, B);
-    if constexpr (DQ_STAGES == 0) {
-        const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
-        backward_dq_from_ds_kernel<HS><<<grid, kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T, NH, scale);
-    } else {
-        const size_t smem = size_t(DQ_STAGES) * (kDsTileVecs * sizeof(uint4) + size_t(kDsTile) * (HS + 8) * sizeof(bf16));
-        static bool configured = false;
-        if (!configured) allow_smem(backward_dq_from_ds_staged_kernel<HS, DQ_STAGES>, smem), configured = true;
-        backward_dq_from_ds_staged_kernel<HS, DQ_STAGES><<<grid, kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T, NH, scale);
-    }
-    cuda_check_launch();
-}
-
 template <int HS>
 void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int T, int NH, cudaStream_t stream) {
     constexpr int VECS = HS / 8, LANES = VECS <= 8 ? 8 : VECS <= 16 ? 16 : 32;
@@ -1323,7 +1233,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-template <int MIN_BLOCKS, int DQ_STAGES = 0>
+template <int MIN_BLOCKS>
 bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
                            int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
@@ -1334,7 +1244,10 @@ bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf1
     if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS>, smem), configured = true;
     backward_dkdv_wgmma_kernel<MIN_BLOCKS><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
-    launch_dq_from_ds<64, DQ_STAGES>(dqkv, ds, qkv, B, T, NH, scale, stream);
+    const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
+    backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
+                                                                                                             scale);
+    cuda_check_launch();
     return true;
 }
 
@@ -1581,8 +1494,6 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
-        // The dq kernel's shared-memory ring (lab version 14, backward_wgmma<3, 4>) ran 2% faster in the lab
-        // but gave no training gain (stop 20, dev/cuda/README.md): one tile ahead in registers, as before.
         if (store_ds && backward_wgmma<3>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
                                         store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);

@@ -4,7 +4,8 @@
 # scripts/device_ablate.sh (its own call). What ran: PART 1 the code of d1014c9 (AB base 95f954e),
 # then with SKIP_CHECKS=1 that of c21d475; PART 3 ffe8005 (AB base c21d475); PART 4 2418512 (AB base
 # c21d475); PART 5 2e01c32, whose matmul benchmark stopped at fcproj's 1-GEMM row (inp buffer too
-# small, fixed in f8df50a, not run since). PART 2 has not run.
+# small, fixed in f8df50a, not run since). PART 2 has not run. PART 3 needs the lab's version 14, removed
+# since: check out 2e01c32 to run it.
 #   PART=1  the bias gradients from the weight gradients' GEMMs (a column of ones after each LayerNorm
 #           output): the matmul and LayerNorm forward labs' --check, test/test_gpt.sh, then a B=64
 #           training A/B of source trees (AB_DIRS, default .carry/ab/base = the code before and the

@@ -49,10 +49,6 @@
 //      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
 //   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
 //      of spill).
-//   14 as 13 with the dq kernel's dS and k tiles through a ring of --dq-stages (default 3) stages in
-//      shared memory, cp.async'd that many tiles minus one ahead (backward_dq_from_ds_staged_kernel):
-//      more of dS in flight per SM than 13's one tile in registers. The same products in the same
-//      order: bit-identical to 13.
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -67,8 +63,7 @@
 #include "dev/attention/attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 14;
-int g_dq_stages = 3;  // version 14's ring depth (--dq-stages)
+constexpr int kNumVersions = 13;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -208,12 +203,8 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
             break;
         case 12:
         case 13:
-        case 14:
-            ran = version == 12   ? flash_detail::backward_wgmma<2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                  : version == 13 ? flash_detail::backward_wgmma<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                  : g_dq_stages == 2 ? flash_detail::backward_wgmma<3, 2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                  : g_dq_stages == 3 ? flash_detail::backward_wgmma<3, 3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                                     : flash_detail::backward_wgmma<3, 4>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
+            ran = version == 12 ? flash_detail::backward_wgmma<2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
+                                : flash_detail::backward_wgmma<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!ran) {
                 ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
@@ -274,26 +265,6 @@ Inputs make_inputs(const AttnShape& s, uint64_t seed, AttnReference* ref) {
     return in;
 }
 
-// Version 14 (each ring depth) against version 13: the same products in the same order, so the same bits.
-bool check_v14_bits(const AttnShape& s, const Inputs& in, int stages) {
-    typedef __nv_bfloat16 bf16;
-    DeviceBuffer<bf16> qkv(in.qkv.size(), "qkv"), dout(in.dout.size(), "dout"), out(in.out.size(), "out");
-    DeviceBuffer<bf16> d13(in.qkv.size(), "dqkv 13"), d14(in.qkv.size(), "dqkv 14");
-    DeviceBuffer<float> lse(in.lse.size(), "lse");
-    qkv.upload(convert<bf16>(in.qkv)), dout.upload(convert<bf16>(in.dout)), out.upload(convert<bf16>(in.out)), lse.upload(in.lse);
-    Scratch<bf16> sc(s, false, true);
-    d13.poison(), d14.poison();
-    run_version<bf16>(13, d13.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc);
-    const int keep = g_dq_stages;
-    g_dq_stages = stages;
-    run_version<bf16>(14, d14.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc);
-    g_dq_stages = keep;
-    const auto a = d13.download(), b = d14.download();
-    const bool ok = memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
-    printf("  v14 (--dq-stages %d) = v13: %s\n", stages, ok ? "bitwise identical" : "DIFFERENT");
-    return ok;
-}
-
 void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
     uint64_t seed = 100;
     for (const AttnShape& s : kCheckShapes) {
@@ -313,19 +284,6 @@ void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
                 }
                 printf("%s (max|score| %.2f)\n", name, ref.max_abs_score);
                 tests.record(bf16 ? check_one<__nv_bfloat16>(v, s, in, ref) : check_one<float>(v, s, in, ref));
-            }
-        // At HS 64 only: elsewhere 13 and 14 both run version 10, and the check would test nothing.
-        if (std::find(versions.begin(), versions.end(), 14) != versions.end() && s.HS == 64)
-            for (int stages : {2, 3, 4}) {
-                char name[160];
-                snprintf(name, sizeof(name), "backward v14 --dq-stages %d = v13 bf16 B=%d NH=%d T=%d HS=%d", stages, s.B, s.NH,
-                         s.T, s.HS);
-                if (!gpu) {
-                    tests.skip(name);
-                    continue;
-                }
-                printf("%s\n", name);
-                tests.record(check_v14_bits(s, in, stages));
             }
     }
 }
@@ -398,7 +356,6 @@ void usage(FILE* f) {
             "  -t T          benchmark sequence length (default 1024)\n"
             "  -s HS         benchmark head size (default 64)\n"
             "  --dtype T     benchmark dtype (default bf16; fp32 runs versions 1 and 2 only)\n"
-            "  --dq-stages S version 14's ring depth: 2, 3 or 4 (default 3)\n"
             "  -h            this message\n",
             kNumVersions);
 }
@@ -428,9 +385,6 @@ int main(int argc, char** argv) {
             if (bench.HS > flash_detail::kPlainMaxHS) fail("-s must be <= %d", flash_detail::kPlainMaxHS);
         } else if (a == "--dtype") {
             bf16 = parse_dtype_is_bf16(value(), usage);
-        } else if (a == "--dq-stages") {
-            g_dq_stages = parse_int(value(), "--dq-stages", 2, usage);
-            if (g_dq_stages > 4) fail("--dq-stages must be 2, 3 or 4");
         } else if (!a.empty() && a[0] != '-') {
             const int v = parse_int(a.c_str(), "version", 1, usage);
             if (v > kNumVersions) fail("version %d does not exist (1..%d)", v, kNumVersions);
