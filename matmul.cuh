@@ -726,6 +726,5 @@ void matmul_backward_weight_bias(T* dweight, T* dbias, float* scratch, const T* 
         return;
     }
     gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, inp_ld, dout, OC, 1.0f, dweight, C, stream);
-    if (size_t(N) > blas().ones_count) fail("matmul_backward_weight_bias: %d rows, ones vector holds %zu", N, blas().ones_count);
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias, OC, stream);
+    matmul_backward<T>(nullptr, nullptr, dbias, dout, inp, nullptr, N, C, OC, nullptr, stream);  // the matrix-vector dbias
 }

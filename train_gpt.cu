@@ -789,6 +789,8 @@ inline void gpt_backward(GPT& m, int B, int T) {
     const ActivationTensors& a = m.acts;
     const StatTensors& s = m.stats;
     const size_t btc = size_t(BT) * C;
+    const int Cp = ln_ld(C);
+    const size_t btcp = size_t(BT) * Cp;  // one layer of ln1 / ln2
     floatX* const none = nullptr;
 
     Profiler& prof = profiler();
@@ -802,12 +804,12 @@ inline void gpt_backward(GPT& m, int B, int T) {
                        s.lnf_rstd, BT, C, 0, g.fcprojb + size_t(L - 1) * C);
     for (int l = L - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
-        const floatX* ln1 = a.ln1 + l * size_t(BT) * ln_ld(C);
+        const floatX* ln1 = a.ln1 + l * btcp;
         const floatX* qkv = a.qkv + l * 3 * btc;
         const floatX* atty = a.atty + l * btc;
         const floatX* att = a.att + l * size_t(B) * NH * T * T;
         const floatX* residual2 = a.residual2 + l * btc;
-        const floatX* ln2 = a.ln2 + l * size_t(BT) * ln_ld(C);
+        const floatX* ln2 = a.ln2 + l * btcp;
         const floatX* fch = a.fch + l * 4 * btc;
         floatX* fch_gelu = m.recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;
         const size_t fc_w = size_t(l) * 4 * C * C;
@@ -829,7 +831,7 @@ inline void gpt_backward(GPT& m, int B, int T) {
         }
         prof.mark("bwd.matmul");
         linear_backward(m, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
-                        kReadDbig, ln_ld(C));
+                        kReadDbig, Cp);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadMlpDresidual);
@@ -849,7 +851,7 @@ inline void gpt_backward(GPT& m, int B, int T) {
         if (!m.flash) attention_backward(m.dqkv, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
         linear_backward(m, a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, m.dqkv, ln1,
-                        p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C, none, kReadDqkv, ln_ld(C));
+                        p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C, none, kReadDqkv, Cp);
         // += into dresidual: it becomes the gradient of this layer's input x.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadAttnDresidual);
