@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Stop 21's device calls, each fitting one 10-minute call. Logs under $OUT/stop21/, all of them in
+# $OUT/stop21_partN.tgz (scripts/device_lib.sh).
+#   PART=1  the attention backward's dk/dv kernel with dv's product issued after dS (lab version 14,
+#           not serialized by ptxas): versions 13 and 14 validated (14 = 13 bit for bit) and
+#           benchmarked, the matmul lab's --check (stop 20's new shape), then a B=64 training A/B of
+#           source trees (AB_DIRS, default .carry/ab/base = the code before, and the working tree).
+#   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
+#           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
+#   PART=3  the matmul lab's benchmark (stop 20's fix of its 1-GEMM rows), the attention labs beside
+#           PyTorch's SDPA (attention_vs_torch.py), and 200 steps of bf16 (validation every 50).
+set -u
+PARTS=123
+NAME=stop21
+source "$(dirname "$0")/device_lib.sh"
+if [[ $PART == 1 ]]; then
+    step attn_13_14 200 ./dev/cuda/attention_backward 13 14
+    grep -E "v14 = v13|FAIL|^  1[34] " "$log/attn_13_14.log" | grep -vE "bitwise identical$" | head -n 20
+    grep -cE "bitwise identical$" "$log/attn_13_14.log" | sed 's/^/bit checks identical: /'
+    step matmul_check 150 ./dev/cuda/matmul --check
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
+elif [[ $PART == 2 ]]; then
+    lab_check
+    unit_tests
+    step test_gpt 330 bash test/test_gpt.sh
+    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
+    for b in 64 32; do
+        timeout 40 ./train_gpt_bf16 -b $b -x 30 -v 0 -s 0 > "$log/B$b.log" 2>&1
+        echo "B=$b (rc $?): $(grep -E "^done" "$log/B$b.log")"
+    done
+    timeout "$(secs_left 590)" "$PY" scripts/bench_torch_gpt.py --batch 32 64 --steps 30 > "$log/torch.log" 2>&1
+    echo "PyTorch (rc $?):"; tail -n 4 "$log/torch.log"
+elif [[ $PART == 3 ]]; then
+    step matmul_bench 300 ./dev/cuda/matmul
+    grep -E "^(qkv|attproj|fc|fcproj|lmhead) |per step|reference" "$log/matmul_bench.log" | grep -vE " 3 " | head -n 60
+    step attention_vs_torch 120 "$PY" dev/cuda/attention_vs_torch.py
+    tail -n 12 "$log/attention_vs_torch.log"
+    timeout "$(secs_left 590)" ./train_gpt_bf16 -x 200 -v 50 -s 0 > "$log/curve_bf16.log" 2>&1
+    echo "bf16 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_bf16.log" | awk '{printf "%s:%s ", $2, $NF}')"
+fi
+echo "done at $((SECONDS - started)) s"
