@@ -1088,15 +1088,11 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
 // its 16 keys in mma.sync's layout, so P^T, dS^T, their masking and the stored dS tiles are the
 // mma.sync kernel's, element for element.
 // MIN_BLOCKS 3 holds it to 168 registers (3 warpgroups per SM); 2 leaves it 170.
-// ORDER says when the products and the dS stores are issued; the same products in the same order
-// and the same stores in each, so the same bits:
-//   0  dv's product while dS is computed, then dS stored, then dk's product. At 168 registers ptxas
-//      runs out of registers for that and serializes every wgmma (its C7512 warning), with 16 bytes
-//      of spill.
-//   1  dS computed and stored, then dv's and dk's products together: the products stay
-//      asynchronous, nothing spills.
-//   2  as 1, but dS stored while the two products run.
-template <int MIN_BLOCKS, int ORDER>
+// LATE_DV: dv's product is issued with dk's, after dS, not while dS is computed. At 168 registers
+// that is what lets ptxas keep the products asynchronous: with P^T's bf16 copy held live through the
+// dS math (early dv) it runs out of registers and serializes every wgmma (ptxas C7512), with 16 bytes
+// of spill. The same products in the same order, so the same bits.
+template <int MIN_BLOCKS, bool LATE_DV>
 __global__ void __launch_bounds__(128, MIN_BLOCKS)
     backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
                                int T, int NH, float scale) {
@@ -1190,7 +1186,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
         }
         wgmma_wait<0>();
         keep_regs(dp);
-        if constexpr (ORDER == 0) {
+        if constexpr (!LATE_DV) {
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dv, pa[kk], o_desc_mn + kk * (16 * 128 / 16));
@@ -1203,31 +1199,24 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
         uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
-        // pb[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
-        auto store_ds = [&](int kk, const uint32_t (&d)[4]) {
-            tile[(kk * (BK / 16) + warp) * 32 + lane] =
-                make_uint4(transpose8x8(d[0]), transpose8x8(d[2]), transpose8x8(d[1]), transpose8x8(d[3]));
-        };
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
             pb[kk][1] = pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
             pb[kk][2] = pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
             pb[kk][3] = pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
-            if constexpr (ORDER < 2) store_ds(kk, pb[kk]);
+            // pb[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
+            tile[(kk * (BK / 16) + warp) * 32 + lane] =
+                make_uint4(transpose8x8(pb[kk][0]), transpose8x8(pb[kk][2]), transpose8x8(pb[kk][1]), transpose8x8(pb[kk][3]));
         }
         wgmma_fence();
-        if constexpr (ORDER >= 1) {
+        if constexpr (LATE_DV) {
 #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dv, pa[kk], o_desc_mn + kk * (16 * 128 / 16));
         }
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dk, pb[kk], q_desc_mn + kk * (16 * 128 / 16));
         wgmma_commit();
-        if constexpr (ORDER == 2) {
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) store_ds(kk, pb[kk]);
-        }
         wgmma_wait<0>();  // before the next barrier: the stage these read is refilled after it
         keep_regs(dk);
         keep_regs(dv);
@@ -1254,7 +1243,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-template <int MIN_BLOCKS, int ORDER>
+template <int MIN_BLOCKS, bool LATE_DV>
 bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
                            int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
@@ -1262,8 +1251,8 @@ bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf1
     const float scale = 1.0f / 8.0f;
     const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
     static bool configured = false;
-    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS, ORDER>, smem), configured = true;
-    backward_dkdv_wgmma_kernel<MIN_BLOCKS, ORDER><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
+    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS, LATE_DV>, smem), configured = true;
+    backward_dkdv_wgmma_kernel<MIN_BLOCKS, LATE_DV><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
     const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
     backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
@@ -1515,7 +1504,7 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
-        if (store_ds && backward_wgmma<3, 2>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
+        if (store_ds && backward_wgmma<3, true>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
                                         store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {
