@@ -5,12 +5,16 @@
 #           not serialized by ptxas): versions 13 and 14 validated (14 = 13 bit for bit) and
 #           benchmarked, the matmul lab's --check (stop 20's new shape), then a B=64 training A/B of
 #           source trees (AB_DIRS, default .carry/ab/base = the code before, and the working tree).
+#   PART=4  lab versions 13, 14, 15 validated and benchmarked, then a B=64 training A/B of source trees
+#           (AB_DIRS, default .carry/ab/base, .carry/ab/o1 and the working tree). Ran on commit 77badd4
+#           (version 15 and the header on it; reverted since): check it out to run this part.
+#   PART=5  B=64 training with and without the widened matmul tuning (-tw 1), two rounds.
 #   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
 #           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
 #   PART=3  the matmul lab's benchmark (stop 20's fix of its 1-GEMM rows), the attention labs beside
 #           PyTorch's SDPA (attention_vs_torch.py), and 200 steps of bf16 (validation every 50).
 set -u
-PARTS=123
+PARTS=12345
 NAME=stop21
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -19,6 +23,13 @@ if [[ $PART == 1 ]]; then
     grep -cE "bitwise identical$" "$log/attn_13_14.log" | sed 's/^/bit checks identical: /'
     step matmul_check 150 ./dev/cuda/matmul --check
     OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .}" PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
+elif [[ $PART == 4 ]]; then
+    step attn_13_15 200 ./dev/cuda/attention_backward 13 14 15
+    grep -E "v1[45] = v13|FAIL|^  1[345] " "$log/attn_13_15.log" | grep -vE "bitwise identical$" | head -n 20
+    grep -cE "bitwise identical$" "$log/attn_13_15.log" | sed 's/^/bit checks identical: /'
+    OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .carry/ab/o1 .}" PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
+elif [[ $PART == 5 ]]; then
+    OUT="$log" DIRS=. FLAGS="-tw 0;-tw 1" PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
 elif [[ $PART == 2 ]]; then
     lab_check
     unit_tests
