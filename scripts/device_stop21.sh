@@ -9,12 +9,16 @@
 #           (AB_DIRS, default .carry/ab/base, .carry/ab/o1 and the working tree). Ran on commit 77badd4
 #           (version 15 and the header on it; reverted since): check it out to run this part.
 #   PART=5  B=64 training with and without the widened matmul tuning (-tw 1), two rounds.
+#   PART=6  the attention kernels' tile loaders with constant trip counts: the attention labs' --check,
+#           compute-sanitizer memcheck at B=1 NH=2 T=100 (T not a multiple of a tile), the labs'
+#           header versions of the tree before (.carry/ab/o1) and this one benchmarked in turn, then a
+#           B=64 training A/B of the two trees.
 #   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
 #           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
 #   PART=3  the matmul lab's benchmark (stop 20's fix of its 1-GEMM rows), the attention labs beside
 #           PyTorch's SDPA (attention_vs_torch.py), and 200 steps of bf16 (validation every 50).
 set -u
-PARTS=12345
+PARTS=123456
 NAME=stop21
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -30,6 +34,22 @@ elif [[ $PART == 4 ]]; then
     OUT="$log" DIRS="${AB_DIRS:-.carry/ab/base .carry/ab/o1 .}" PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
 elif [[ $PART == 5 ]]; then
     OUT="$log" DIRS=. FLAGS="-tw 0;-tw 1" PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
+elif [[ $PART == 6 ]]; then
+    old=${OLD:-.carry/ab/o1}
+    make -C "$old" -j16 dev/cuda/attention_forward dev/cuda/attention_backward > "$log/build_old.log" 2>&1 || tail -n 20 "$log/build_old.log"
+    step check_attention_forward 120 ./dev/cuda/attention_forward --check
+    step check_attention_backward 120 ./dev/cuda/attention_backward --check
+    for v in "attention_forward 4 5 9 10 11 12" "attention_backward 4 9 10 12 13 14"; do
+        step "memcheck_${v%% *}" 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/$v --no-validate -b 1 -n 2 -t 100
+        tail -n 2 "$log/memcheck_${v%% *}.log"
+    done
+    for r in 1 2; do
+        for d in "$old" .; do
+            echo "round $r $d: fwd $(./$d/dev/cuda/attention_forward 11 --no-validate 2>/dev/null | grep -E '^  11 ' | tr -s ' ')" \
+                "| bwd $(./$d/dev/cuda/attention_backward 14 --no-validate 2>/dev/null | grep -E '^  14 ' | tr -s ' ')"
+        done
+    done
+    OUT="$log" DIRS="$old ." PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
 elif [[ $PART == 2 ]]; then
     lab_check
     unit_tests
