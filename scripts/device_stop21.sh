@@ -13,12 +13,13 @@
 #           compute-sanitizer memcheck at B=1 NH=2 T=100 (T not a multiple of a tile), the labs'
 #           header versions of the tree before (.carry/ab/o1) and this one benchmarked in turn, then a
 #           B=64 training A/B of the two trees.
+#   PART=7  the wgmma versions of both attention labs benchmarked (forward 10-12, backward 12-14), twice.
 #   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
 #           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
 #   PART=3  the matmul lab's benchmark (stop 20's fix of its 1-GEMM rows), the attention labs beside
 #           PyTorch's SDPA (attention_vs_torch.py), and 200 steps of bf16 (validation every 50).
 set -u
-PARTS=123456
+PARTS=1234567
 NAME=stop21
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -50,6 +51,11 @@ elif [[ $PART == 6 ]]; then
         done
     done
     OUT="$log" DIRS="$old ." PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
+elif [[ $PART == 7 ]]; then
+    for r in 1 2; do
+        ./dev/cuda/attention_forward 9 10 11 12 --no-validate | grep -E "^  [0-9]+ " | sed "s/^/round $r fwd/"
+        ./dev/cuda/attention_backward 11 12 13 14 --no-validate | grep -E "^  [0-9]+ " | sed "s/^/round $r bwd/"
+    done
 elif [[ $PART == 2 ]]; then
     lab_check
     unit_tests
