@@ -16,8 +16,9 @@
 #   PART=7  the wgmma versions of both attention labs benchmarked (forward 10-12, backward 12-14), twice.
 #   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
 #           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
-#   PART=3  the matmul lab's benchmark (stop 20's fix of its 1-GEMM rows), the attention labs beside
-#           PyTorch's SDPA (attention_vs_torch.py), and 200 steps of bf16 (validation every 50).
+#   PART=3  a -pf 1 breakdown at B=64, the attention kernels beside PyTorch's SDPA
+#           (attention_vs_torch.py), 200 steps of bf16 (validation every 50), then the matmul lab's
+#           benchmark (stop 20's fix of its 1-GEMM rows) in the call's remaining time.
 set -u
 PARTS=1234567
 NAME=stop21
@@ -68,11 +69,14 @@ elif [[ $PART == 2 ]]; then
     timeout "$(secs_left 590)" "$PY" scripts/bench_torch_gpt.py --batch 32 64 --steps 30 > "$log/torch.log" 2>&1
     echo "PyTorch (rc $?):"; tail -n 4 "$log/torch.log"
 elif [[ $PART == 3 ]]; then
-    step matmul_bench 300 ./dev/cuda/matmul
-    grep -E "^(qkv|attproj|fc|fcproj|lmhead) |per step|reference" "$log/matmul_bench.log" | grep -vE " 3 " | head -n 60
+    timeout 60 ./train_gpt_bf16 -b 64 -x 12 -v 0 -s 0 -pf 1 > "$log/B64_pf.log" 2>&1
+    echo "breakdown (rc $?): $(grep -E '^done' "$log/B64_pf.log")"
+    sed -n '/^GPU time per step/,$p' "$log/B64_pf.log" | grep -vE ' 0\.0[0-9]+ ms'
     step attention_vs_torch 120 "$PY" dev/cuda/attention_vs_torch.py
     tail -n 12 "$log/attention_vs_torch.log"
-    timeout "$(secs_left 590)" ./train_gpt_bf16 -x 200 -v 50 -s 0 > "$log/curve_bf16.log" 2>&1
+    timeout 200 ./train_gpt_bf16 -x 200 -v 50 -s 0 > "$log/curve_bf16.log" 2>&1
     echo "bf16 200 steps (rc $?): $(grep -E "^step +[0-9]+ \| val loss" "$log/curve_bf16.log" | awk '{printf "%s:%s ", $2, $NF}')"
+    step matmul_bench "$(secs_left 590)" ./dev/cuda/matmul
+    grep -E "^(qkv|attproj|fc|fcproj|lmhead) |per step|reference" "$log/matmul_bench.log" | grep -vE " 3 " | head -n 60
 fi
 echo "done at $((SECONDS - started)) s"
