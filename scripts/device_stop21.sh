@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Stop 21's device calls, each fitting one 10-minute call. Logs under $OUT/stop21/, all of them in
-# $OUT/stop21_partN.tgz (scripts/device_lib.sh).
+# $OUT/stop21_partN.tgz (scripts/device_lib.sh). What ran: PART 1 on 1ec6466 (A/B base 09b1575),
+# PART 4 on 77badd4 (base 09b1575, o1 1ec6466), PART 5 on 8ba3744 (1ec6466's GPU code), PART 6 on
+# 4a97604 (A/B old 1ec6466), PART 7, 2 and 3 on baf19ef / fc3ba30 (4a97604's GPU code), then
+# scripts/bench_train.sh on fc3ba30 in a call of its own.
 #   PART=1  the attention backward's dk/dv kernel with dv's product issued after dS (lab version 14,
 #           not serialized by ptxas): versions 13 and 14 validated (14 = 13 bit for bit) and
 #           benchmarked, the matmul lab's --check (stop 20's new shape), then a B=64 training A/B of
