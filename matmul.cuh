@@ -132,9 +132,6 @@ struct BlasContext {
     bool tune_wide = false, tune_print = false;
     size_t tune_wide_max = 3000;
     double tune_wide_seconds = 3.0;
-    // tune_hot_ms (train_gpt -th): plans whose fastest candidate takes at least this long (ms; 0:
-    // none) pick among their finalists by time under sustained load (matmul_tune says why).
-    float tune_hot_ms = 0.0f;
 };
 inline BlasContext& blas() {
     static BlasContext ctx;
@@ -510,7 +507,6 @@ template <typename T> unsigned long long hash_bits(const T* x, size_t n, cudaStr
 // and the kMatmulTuneFinalists fastest others with #0's bits are timed kMatmulTuneReps times each,
 // and the lowest median wins. Timing noise can change which candidate wins, never the bits.
 constexpr int kMatmulTuneFinalists = 8;
-constexpr float kMatmulHotWindow = 0.15f, kMatmulHotHeatMs = 40.0f, kMatmulHotTimeMs = 25.0f;
 template <typename TD, typename TA, typename Run>
 void matmul_tune(MatmulPlan& plan, Run run_once, TD* D, const TA* aux_out, size_t elements, cudaStream_t stream,
                  bool in_place) {
@@ -579,7 +575,6 @@ void matmul_tune(MatmulPlan& plan, Run run_once, TD* D, const TA* aux_out, size_
     std::sort(kept.begin(), kept.end());
     float best_ms = INFINITY, first_ms = NAN, best_heuristic_ms = INFINITY;
     size_t best = 0, others = 0;
-    std::vector<std::pair<float, size_t>> finalists;  // (median ms, candidate)
     for (const auto& [screen_ms, i] : kept) {
         const bool heuristic = i < plan.heuristic_count;
         if (!heuristic && others++ >= (size_t)kMatmulTuneFinalists) continue;
@@ -587,61 +582,20 @@ void matmul_tune(MatmulPlan& plan, Run run_once, TD* D, const TA* aux_out, size_
         for (int r = 0; r < kMatmulTuneReps; r++) ms[r] = time_once(plan.candidates[i]);
         std::sort(ms, ms + kMatmulTuneReps);
         const float median = ms[kMatmulTuneReps / 2];
-        finalists.push_back({median, i});
         if (i == 0) first_ms = median;
         if (heuristic) best_heuristic_ms = std::min(best_heuristic_ms, median);
         if (median < best_ms) best_ms = median, best = i;
-    }
-    // Hot timing (tune_hot_ms): the runs above time each kernel for a few ms on a cool GPU at its
-    // highest clock. Training keeps the GPU at its power cap, where a kernel's time follows the energy
-    // it spends, and a long GEMM (the LM head's, ~3.5 ms) runs long enough to set the clock itself:
-    // there the finalists within kMatmulHotWindow of the fastest are also timed hot, each back to back
-    // for kMatmulHotHeatMs (the clock settles) and then kMatmulHotTimeMs timed, in two round-robin
-    // passes (the better counts), and the fastest hot wins. Short GEMMs keep the short runs' choice:
-    // timing them all hot made training slower (stop 19). In place (D +=), D accumulates over these
-    // runs and is put back at the end like every other time.
-    char hot_note[160] = "";
-    if (bc.tune_hot_ms > 0.0f && best_ms >= bc.tune_hot_ms && finalists.size() > 1) {
-        std::sort(finalists.begin(), finalists.end());
-        size_t n = 0;
-        while (n < finalists.size() && n < (size_t)kMatmulTuneFinalists &&
-               finalists[n].first <= finalists[0].first * (1.0f + kMatmulHotWindow))
-            n++;
-        std::vector<float> hot(n, INFINITY);
-        for (int pass = 0; pass < 2; pass++)
-            for (size_t f = 0; f < n; f++) {
-                const cublasLtMatmulAlgo_t& algo = plan.candidates[finalists[f].second];
-                const float cold = std::max(finalists[f].first, 1e-3f);
-                const int heat = (int)std::min(100000.0f, kMatmulHotHeatMs / cold + 1.0f);
-                const int reps = (int)std::min(100000.0f, std::max(3.0f, kMatmulHotTimeMs / cold + 1.0f));
-                restore();
-                for (int r = 0; r < heat; r++) run_once(algo);
-                float ms = 0.0f;
-                cuda_check(cudaEventRecord(start, stream));
-                for (int r = 0; r < reps; r++) run_once(algo);
-                cuda_check(cudaEventRecord(stop, stream));
-                cuda_check(cudaEventSynchronize(stop));
-                cuda_check(cudaEventElapsedTime(&ms, start, stop));
-                hot[f] = std::min(hot[f], ms / reps);
-            }
-        const size_t f = std::min_element(hot.begin(), hot.end()) - hot.begin();
-        const size_t cold_f =
-            std::find_if(finalists.begin(), finalists.begin() + n, [&](const auto& x) { return x.second == best; }) - finalists.begin();
-        snprintf(hot_note, sizeof(hot_note), " | hot (%zu timed): the short runs' pick #%zu %.4f ms, kept #%zu %.4f ms", n, best,
-                 cold_f < n ? hot[cold_f] : NAN, finalists[f].second, hot[f]);
-        best = finalists[f].second;
-        best_ms = finalists[f].first;
     }
     cuda_check(cudaEventDestroy(start));
     cuda_check(cudaEventDestroy(stop));
     if (bc.tune_print)
         printf("matmul tuned m %d n %d k %d epilogue %d%s: %zu candidates (%zu the heuristic's): %zu refused, %zu other "
                "bits, %zu slower than %d kept, %zu not screened (%.1f s) | #0 %.4f ms, best of the heuristic's %.4f ms, kept "
-               "#%zu %.4f ms (%s)%s\n",
+               "#%zu %.4f ms (%s)\n",
                plan.m, plan.n, plan.k, (int)plan.epilogue, in_place ? " (D +=)" : "", plan.candidates.size(),
                plan.heuristic_count, refused, other_bits, slower, kMatmulTuneFinalists, unscreened,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), first_ms, best_heuristic_ms,
-               best, best_ms, matmul_algo_name(plan.candidates[best]).c_str(), hot_note);
+               best, best_ms, matmul_algo_name(plan.candidates[best]).c_str());
     plan.algo = plan.candidates[best];
     plan.candidates.clear();
     bc.tuned_plans++;

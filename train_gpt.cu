@@ -1152,7 +1152,6 @@ struct Options {
     int flash = 1;
     int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT, overlap = OVERLAP_DEFAULT;
     int tune_wide = 0;
-    float tune_hot_ms = 0.0f;
 };
 
 static void usage(const Options& d) {
@@ -1198,15 +1197,13 @@ static void usage(const Options& d) {
            "  -tw <0|1>   1 = tune each cuBLASLt matmul also over the configurations around its heuristic's few\n"
            "              (up to 3 s a shape, ~40 s more at start for d12), printing what each kept; the same\n"
            "              bits, ~1%% faster steps at B=64 on an H100 (default %d)\n"
-           "  -th <ms>    matmuls whose fastest candidate takes at least this long pick among the finalists by\n"
-           "              their time under sustained load, as training runs them (0: none; the same bits) (default %g)\n"
            "  -h          this help\n"
            "Each step prints loss, grad norm, lr, time, tokens/s and MFU = 6*N + 12*L*C*T FLOPs per token\n"
            "(PaLM's count) over the peak of an H100 SXM (989 TFLOP/s dense bf16; 67 TFLOP/s fp32).\n",
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
            d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle, d.profile, d.flash,
-           d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.tune_hot_ms);
+           d.gelu_fusion, d.recompute, d.overlap, d.tune_wide);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -1251,7 +1248,6 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-r") o.recompute = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-ov") o.overlap = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-tw") o.tune_wide = (int)parse_int_flag(fl, v, 0, 1);
-        else if (f == "-th") o.tune_hot_ms = (float)parse_float_flag(fl, v, 0.0, 1e6);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
     }
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
@@ -1388,9 +1384,7 @@ int main(int argc, char** argv) {
     cuda_check(cudaGetDeviceProperties(&prop, 0));
     GPT m;
     profiler().on = o.profile != 0;
-    blas().tune_wide = o.tune_wide != 0;
-    blas().tune_print = o.tune_wide != 0 || o.tune_hot_ms > 0.0f;  // -tw 1, -th: print what each plan's tuning kept
-    blas().tune_hot_ms = o.tune_hot_ms;
+    blas().tune_wide = blas().tune_print = o.tune_wide != 0;  // -tw 1 prints what each plan's tuning kept
     gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute, o.overlap);
     if (resumed) {
         cuda_check(cudaMemcpy(m.adam_m, state.adam_m.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
@@ -1402,9 +1396,9 @@ int main(int argc, char** argv) {
     const double flops_per_token = 6.0 * real_params + 12.0 * c.L * c.C * o.T;
     const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
     printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, matmul "
-           "tuning -tw %d -th %g | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
+           "tuning -tw %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
            prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, (int)m.overlap, o.tune_wide,
-           o.tune_hot_ms, c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
+           c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
     printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
            "(%d batches)\n",
            o.B, o.T, o.total_batch, accum, train.file.tokens.size(), train.windows, val.file.tokens.size(), val_batches);

@@ -17,15 +17,13 @@
 #           header versions of the tree before (.carry/ab/o1) and this one benchmarked in turn, then a
 #           B=64 training A/B of the two trees.
 #   PART=7  the wgmma versions of both attention labs benchmarked (forward 10-12, backward 12-14), twice.
-#   PART=8  B=64 training with the LM head's GEMMs tuned under sustained load (-th 1: plans whose
-#           fastest candidate takes >= 1 ms) against without (-th 0), two rounds of 30 steps.
 #   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
 #           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
 #   PART=3  a -pf 1 breakdown at B=64, the attention kernels beside PyTorch's SDPA
 #           (attention_vs_torch.py), 200 steps of bf16 (validation every 50), then the matmul lab's
 #           benchmark (stop 20's fix of its 1-GEMM rows) in the call's remaining time.
 set -u
-PARTS=12345678
+PARTS=1234567
 NAME=stop21
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -62,9 +60,6 @@ elif [[ $PART == 7 ]]; then
         ./dev/cuda/attention_forward 9 10 11 12 --no-validate | grep -E "^  [0-9]+ " | sed "s/^/round $r fwd/"
         ./dev/cuda/attention_backward 11 12 13 14 --no-validate | grep -E "^  [0-9]+ " | sed "s/^/round $r bwd/"
     done
-elif [[ $PART == 8 ]]; then
-    OUT="$log" DIRS=. FLAGS="-th 0;-th 1" STEPS=30 PF=0 timeout "$(secs_left 500)" bash scripts/device_ab_dirs.sh
-    grep -hE "^matmul tuned.*hot" "$log"/abd/*th1_1.log | cut -c1-60,200-
 elif [[ $PART == 2 ]]; then
     lab_check
     unit_tests
