@@ -3,7 +3,9 @@
 # $OUT/stop21_partN.tgz (scripts/device_lib.sh). What ran: PART 1 on 1ec6466 (A/B base 09b1575),
 # PART 4 on 77badd4 (base 09b1575, o1 1ec6466), PART 5 on 8ba3744 (1ec6466's GPU code), PART 6 on
 # 4a97604 (A/B old 1ec6466), PART 7, 2 and 3 on baf19ef / fc3ba30 (4a97604's GPU code), then
-# scripts/bench_train.sh on fc3ba30 in a call of its own.
+# scripts/bench_train.sh on fc3ba30 in a call of its own. PART 8 (B=64 with and without train_gpt
+# -th 1, the LM head's GEMMs tuned under sustained load) ran on 4139f77 and went with its flag
+# (reverted): check that commit out to run it.
 #   PART=1  the attention backward's dk/dv kernel with dv's product issued after dS (lab version 14,
 #           not serialized by ptxas): versions 13 and 14 validated (14 = 13 bit for bit) and
 #           benchmarked, the matmul lab's --check (stop 20's new shape), then a B=64 training A/B of
