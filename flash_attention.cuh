@@ -48,6 +48,8 @@
 //     attention.cuh there instead. bf16 only: fp32 builds use attention.cuh.
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace flash_detail {
@@ -451,7 +453,7 @@ template <int NWG, int BC>
 __global__ void __launch_bounds__(NWG * 128)
     forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
 #ifdef FLASH_HAVE_WGMMA
-    constexpr int HS = 64, BR = NWG * 64, THREADS = NWG * 128, NT = BC / 8;
+    constexpr int HS = 64, BR = NWG * 64, THREADS = NWG * 128;
     static_assert(BC == 64 || BC == 128, "key tile");
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
@@ -496,66 +498,75 @@ __global__ void __launch_bounds__(NWG * 128)
         const uint64_t k_desc = sw128_desc(sK + (j & 1) * BC * HS, 16, 1024);
         const uint64_t v_desc = sw128_desc(sV + (j & 1) * BC * HS, BC * 128, 1024);
 
-        float s[BC / 2];
-        wgmma_fence();
+        // The tile's products over W keys: BC, or 64 where the tile's second half lies after every
+        // row of this warpgroup (its last tile when its rows start at a multiple of BC: half of the
+        // blocks at BC = 128). Those keys would only add exact zeros (P = 0), so skipping them gives
+        // the same bits, for 5-6% fewer products and exponentials in the forward.
+        auto tile = [&](auto width) {
+            constexpr int W = decltype(width)::value, NTW = W / 8;
+            float s[W / 2];
+            wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {  // +32 bytes along the swizzled row per 16 values
-            if constexpr (BC == 128) wgmma_m64n128k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
-            else wgmma_m64n64k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        keep_regs(s);
+            for (int ks = 0; ks < HS / 16; ks++) {  // +32 bytes along the swizzled row per 16 values
+                if constexpr (W == 128) wgmma_m64n128k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
+                else wgmma_m64n64k16_ss(s, q_desc + 2 * ks, k_desc + 2 * ks, ks);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            keep_regs(s);
 
-        // s[4 nt + e]: row g + 8 (e / 2) of this warp's 16, key k0 + 8 nt + 2 c4 + e % 2 (mma.sync's layout).
-        const bool mask = k0 + BC - 1 > wrow0;
+            // s[4 nt + e]: row g + 8 (e / 2) of this warp's 16, key k0 + 8 nt + 2 c4 + e % 2 (mma.sync's layout).
+            const bool mask = k0 + W - 1 > wrow0;
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int row = wrow0 + g + hf * 8;
-            float mx = -INFINITY;
+            for (int hf = 0; hf < 2; hf++) {
+                const int row = wrow0 + g + hf * 8;
+                float mx = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float& x = s[4 * nt + hf * 2 + e];
-                    if (mask && k0 + nt * 8 + 2 * c4 + e > row) x = -INFINITY;
-                    mx = fmaxf(mx, x);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[hf], mx * sl2);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
-            const float corr = exp2_ftz(m_run[hf] - m_use);
-            m_run[hf] = m_new;
-            float sum = 0.0f;
+                    for (int e = 0; e < 2; e++) {
+                        float& x = s[4 * nt + hf * 2 + e];
+                        if (mask && k0 + nt * 8 + 2 * c4 + e > row) x = -INFINITY;
+                        mx = fmaxf(mx, x);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m_run[hf], mx * sl2);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
+                const float corr = exp2_ftz(m_run[hf] - m_use);
+                m_run[hf] = m_new;
+                float sum = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float& x = s[4 * nt + hf * 2 + e];
-                    x = exp2_ftz(fmaf(x, sl2, -m_use));
-                    sum += x;
-                }
-            l_run[hf] = l_run[hf] * corr + sum;
+                    for (int e = 0; e < 2; e++) {
+                        float& x = s[4 * nt + hf * 2 + e];
+                        x = exp2_ftz(fmaf(x, sl2, -m_use));
+                        sum += x;
+                    }
+                l_run[hf] = l_run[hf] * corr + sum;
 #pragma unroll
-            for (int dt = 0; dt < HS / 8; dt++) o[4 * dt + hf * 2] *= corr, o[4 * dt + hf * 2 + 1] *= corr;
-        }
+                for (int dt = 0; dt < HS / 8; dt++) o[4 * dt + hf * 2] *= corr, o[4 * dt + hf * 2 + 1] *= corr;
+            }
 
-        uint32_t pa[BC / 16][4];
+            uint32_t pa[W / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        wgmma_fence();
+            for (int kk = 0; kk < W / 16; kk++) {
+                pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_m64n64k16_rs_mn(o, pa[kk], v_desc + kk * (16 * 128 / 16));  // 16 rows of v
-        wgmma_commit();
-        wgmma_wait<0>();
-        keep_regs(o);
-        keep_regs(pa);
+            for (int kk = 0; kk < W / 16; kk++) wgmma_m64n64k16_rs_mn(o, pa[kk], v_desc + kk * (16 * 128 / 16));  // 16 rows of v
+            wgmma_commit();
+            wgmma_wait<0>();
+            keep_regs(o);
+            keep_regs(pa);
+        };
+        if (BC == 128 && k0 >= wg_row0) tile(std::integral_constant<int, 64>());
+        else tile(std::integral_constant<int, BC>());
     }
 
 #pragma unroll

@@ -19,13 +19,16 @@
 #           header versions of the tree before (.carry/ab/o1) and this one benchmarked in turn, then a
 #           B=64 training A/B of the two trees.
 #   PART=7  the wgmma versions of both attention labs benchmarked (forward 10-12, backward 12-14), twice.
+#   PART=9  the attention forward with the last key tile's masked half skipped: the forward lab's
+#           --check and memcheck, versions 9 and 11 of the tree before (.carry/ab/o2) and this one
+#           benchmarked in turn, a B=64 training A/B of the two trees (the loss bits must not move).
 #   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
 #           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
 #   PART=3  a -pf 1 breakdown at B=64, the attention kernels beside PyTorch's SDPA
 #           (attention_vs_torch.py), 200 steps of bf16 (validation every 50), then the matmul lab's
 #           benchmark (stop 20's fix of its 1-GEMM rows) in the call's remaining time.
 set -u
-PARTS=1234567
+PARTS=12345679
 NAME=stop21
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -62,6 +65,18 @@ elif [[ $PART == 7 ]]; then
         ./dev/cuda/attention_forward 9 10 11 12 --no-validate | grep -E "^  [0-9]+ " | sed "s/^/round $r fwd/"
         ./dev/cuda/attention_backward 11 12 13 14 --no-validate | grep -E "^  [0-9]+ " | sed "s/^/round $r bwd/"
     done
+elif [[ $PART == 9 ]]; then
+    old=${OLD:-.carry/ab/o2}
+    make -C "$old" -j16 dev/cuda/attention_forward > "$log/build_old.log" 2>&1 || tail -n 20 "$log/build_old.log"
+    step check_attention_forward 120 ./dev/cuda/attention_forward --check
+    step memcheck_forward 120 compute-sanitizer --tool memcheck --error-exitcode 1 ./dev/cuda/attention_forward 9 10 11 12 --no-validate -b 1 -n 2 -t 100
+    tail -n 1 "$log/memcheck_forward.log"
+    for r in 1 2; do
+        for d in "$old" .; do
+            echo "round $r $d: $(./$d/dev/cuda/attention_forward 9 11 --no-validate 2>/dev/null | grep -E '^  (9|11) ' | tr -s ' ' | tr '\n' ' ')"
+        done
+    done
+    OUT="$log" DIRS="$old ." STEPS=30 PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
 elif [[ $PART == 2 ]]; then
     lab_check
     unit_tests
