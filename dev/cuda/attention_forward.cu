@@ -36,7 +36,9 @@
 //  10  Hopper warpgroup MMA (wgmma, sm_90a; flash_detail::forward_wgmma), head size 64: a warpgroup
 //      per 64 queries, q and k/v tiles 128-byte swizzled in shared memory and read by the tensor
 //      cores through descriptors (no ldmatrix), P from registers; key tiles of 64. Else version 9 runs.
-//  11  as 10 with key tiles of 128 (half the barriers and running-max updates per key).
+//  11  as 10 with key tiles of 128 (half the barriers and running-max updates per key). Where a
+//      warpgroup's rows start at a multiple of 128 (half of them), its last tile's second half lies
+//      after all of its rows: that tile runs 64-key products (stop 21; the same bits).
 //  12  as 11 with 2 warpgroups per block (128 queries): each k/v tile loaded once for twice the queries.
 //
 // FLOPs: 4 * B * NH * T * T * HS / 2, the useful causal work (two matrix products of 2 * HS
