@@ -5,7 +5,8 @@
 # 4a97604 (A/B old 1ec6466), PART 7, 2 and 3 on baf19ef / fc3ba30 (4a97604's GPU code), then
 # scripts/bench_train.sh on fc3ba30 in a call of its own. PART 8 (B=64 with and without train_gpt
 # -th 1, the LM head's GEMMs tuned under sustained load) ran on 4139f77 and went with its flag
-# (reverted): check that commit out to run it.
+# (reverted): check that commit out to run it. PART 9 ran on 80ff566 (A/B old: the commit before it),
+# then PART 0 on the same code (run then as the same commands typed into the call).
 #   PART=1  the attention backward's dk/dv kernel with dv's product issued after dS (lab version 14,
 #           not serialized by ptxas): versions 13 and 14 validated (14 = 13 bit for bit) and
 #           benchmarked, the matmul lab's --check (stop 20's new shape), then a B=64 training A/B of
@@ -22,13 +23,15 @@
 #   PART=9  the attention forward with the last key tile's masked half skipped: the forward lab's
 #           --check and memcheck, versions 9 and 11 of the tree before (.carry/ab/o2) and this one
 #           benchmarked in turn, a B=64 training A/B of the two trees (the loss bits must not move).
+#   PART=0  the code as it lands, briefly: the attention backward lab's --check, test/test_gpt.sh,
+#           B=64 and B=32 training (30 steps).
 #   PART=2  the code as it lands: every lab's --check, the unit tests, test/test_gpt.sh, B=64 and B=32
 #           training, PyTorch's reference model (compile + SDPA) at B=32 and 64 in the same call.
 #   PART=3  a -pf 1 breakdown at B=64, the attention kernels beside PyTorch's SDPA
 #           (attention_vs_torch.py), 200 steps of bf16 (validation every 50), then the matmul lab's
 #           benchmark (stop 20's fix of its 1-GEMM rows) in the call's remaining time.
 set -u
-PARTS=12345679
+PARTS=012345679
 NAME=stop21
 source "$(dirname "$0")/device_lib.sh"
 if [[ $PART == 1 ]]; then
@@ -77,6 +80,14 @@ elif [[ $PART == 9 ]]; then
         done
     done
     OUT="$log" DIRS="$old ." STEPS=30 PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
+elif [[ $PART == 0 ]]; then
+    step check_attention_backward 120 ./dev/cuda/attention_backward --check
+    step test_gpt 330 bash test/test_gpt.sh
+    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
+    for b in 64 32; do
+        timeout 40 ./train_gpt_bf16 -b $b -x 30 -v 0 -s 0 > "$log/B$b.log" 2>&1
+        echo "B=$b (rc $?): $(grep -E "^done" "$log/B$b.log")"
+    done
 elif [[ $PART == 2 ]]; then
     lab_check
     unit_tests
