@@ -34,6 +34,15 @@ set -u
 PARTS=012345679
 NAME=stop21
 source "$(dirname "$0")/device_lib.sh"
+# test/test_gpt.sh, then 30 steps of B=64 and B=32 training (PART 0 and 2).
+test_gpt_and_throughput() {
+    step test_gpt 330 bash test/test_gpt.sh
+    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
+    for b in 64 32; do
+        timeout 40 ./train_gpt_bf16 -b $b -x 30 -v 0 -s 0 > "$log/B$b.log" 2>&1
+        echo "B=$b (rc $?): $(grep -E "^done" "$log/B$b.log")"
+    done
+}
 if [[ $PART == 1 ]]; then
     step attn_13_14 200 ./dev/cuda/attention_backward 13 14
     grep -E "v14 = v13|FAIL|^  1[34] " "$log/attn_13_14.log" | grep -vE "bitwise identical$" | head -n 20
@@ -82,21 +91,11 @@ elif [[ $PART == 9 ]]; then
     OUT="$log" DIRS="$old ." STEPS=30 PF=0 timeout "$(secs_left 590)" bash scripts/device_ab_dirs.sh
 elif [[ $PART == 0 ]]; then
     step check_attention_backward 120 ./dev/cuda/attention_backward --check
-    step test_gpt 330 bash test/test_gpt.sh
-    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
-    for b in 64 32; do
-        timeout 40 ./train_gpt_bf16 -b $b -x 30 -v 0 -s 0 > "$log/B$b.log" 2>&1
-        echo "B=$b (rc $?): $(grep -E "^done" "$log/B$b.log")"
-    done
+    test_gpt_and_throughput
 elif [[ $PART == 2 ]]; then
     lab_check
     unit_tests
-    step test_gpt 330 bash test/test_gpt.sh
-    grep -E "weight stream|determinism" "$log/test_gpt.log" | sort | uniq -c
-    for b in 64 32; do
-        timeout 40 ./train_gpt_bf16 -b $b -x 30 -v 0 -s 0 > "$log/B$b.log" 2>&1
-        echo "B=$b (rc $?): $(grep -E "^done" "$log/B$b.log")"
-    done
+    test_gpt_and_throughput
     timeout "$(secs_left 590)" "$PY" scripts/bench_torch_gpt.py --batch 32 64 --steps 30 > "$log/torch.log" 2>&1
     echo "PyTorch (rc $?):"; tail -n 4 "$log/torch.log"
 elif [[ $PART == 3 ]]; then
