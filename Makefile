@@ -9,6 +9,9 @@
 #   PYTHON     the Python with PyTorch, numpy and tiktoken. Default: found (or installed) by
 #              scripts/setup_python.sh on first use and remembered in build/python.
 #   GPT_MIRROR folder holding the public inputs (offline machines); see README.md.
+#   NCCL       1 (default where nccl.h is found) builds the data-parallel path (several GPUs); 0 builds
+#              for one GPU only. NCCL_HOME: where NCCL is installed, if not with CUDA or in /usr.
+#   RUN        the run folder of `make train` and `make generate` (default out/d12_tinyshakespeare_bf16).
 
 NVCC ?= nvcc
 PRECISION ?= BF16
@@ -27,6 +30,22 @@ endif
 NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -lineinfo -Xcompiler -Wall -I.
 LDLIBS := -lcublas -lcublasLt
 
+# NCCL: found beside nvcc, in /usr, or under NCCL_HOME. The programs that train link it.
+NVCC_PATH := $(shell command -v $(NVCC) 2>/dev/null)
+NCCL_HEADERS := $(wildcard $(dir $(NVCC_PATH))../include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h \
+                           $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h))
+NCCL ?= $(if $(NCCL_HEADERS),1,0)
+ifeq ($(NCCL),1)
+  ifneq ($(NCCL_HOME),)
+    NVCC_FLAGS += -I$(NCCL_HOME)/include
+    NCCL_LIBS := -L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib
+  endif
+  NCCL_LIBS += -lnccl
+else
+  NVCC_FLAGS += -DNO_NCCL
+  $(info NCCL not found: building for one GPU only (NCCL_HOME=... to point at it))
+endif
+
 ifeq ($(PRECISION),FP32)
   PRECISION_SUFFIX := fp32
 else ifeq ($(PRECISION),BF16)
@@ -38,22 +57,23 @@ endif
 HEADERS := $(wildcard *.cuh *.h)
 TRAIN_BINS := $(if $(wildcard train_gpt.cu),train_gpt_bf16 train_gpt_fp32)
 TEST_GPT_BINS := $(if $(wildcard test_gpt.cu),test_gpt_bf16 test_gpt_fp32)
+GENERATE_BINS := $(if $(wildcard generate_gpt.cu),generate_gpt_bf16 generate_gpt_fp32)
 DEV_BINS := $(patsubst %.cu,%,$(wildcard dev/cuda/*.cu))
 UNIT_BINS := $(patsubst test/%.cu,build/test/%,$(wildcard test/*.cu))
-PROGRAMS := $(TRAIN_BINS) $(TEST_GPT_BINS) $(DEV_BINS) $(UNIT_BINS)
+PROGRAMS := $(TRAIN_BINS) $(TEST_GPT_BINS) $(GENERATE_BINS) $(DEV_BINS) $(UNIT_BINS)
 
-.PHONY: all test train clean list-programs python
+.PHONY: all test train generate clean list-programs python
 all: $(PROGRAMS)
 
-%_bf16: %.cu $(HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
-%_fp32: %.cu $(HEADERS)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< -o $@ $(LDLIBS)
+%_bf16: %.cu $(HEADERS) train_gpt.cu
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS) $(NCCL_LIBS)
+%_fp32: %.cu $(HEADERS) train_gpt.cu
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< -o $@ $(LDLIBS) $(NCCL_LIBS)
 dev/cuda/%: dev/cuda/%.cu $(HEADERS) dev/lab.cuh
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
-build/test/%: test/%.cu $(HEADERS)
+build/test/%: test/%.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS) $(NCCL_LIBS)
 
 # The test runner checks that every program in this list was built.
 list-programs:
@@ -68,12 +88,19 @@ RUN_PYTHON = $(if $(PYTHON),$(PYTHON),$$(cat build/python))
 test: all build/python
 	PYTHON="$(RUN_PYTHON)" bash test/run_tests.sh
 
+# `make train` keeps a run folder (main.log, metrics.csv, the final checkpoint) and continues it when
+# run again with a larger -x (it resumes: -y 1); `make generate` samples from its newest checkpoint.
+RUN ?= out/d12_tinyshakespeare_$(PRECISION_SUFFIX)
 train: train_gpt_$(PRECISION_SUFFIX) build/python
 	$(RUN_PYTHON) data/prepare_tinyshakespeare.py
-	./train_gpt_$(PRECISION_SUFFIX) $(TRAIN_FLAGS)
+	./train_gpt_$(PRECISION_SUFFIX) -o $(RUN) -y 1 $(TRAIN_FLAGS)
+
+PROMPT ?= ROMEO:
+generate: generate_gpt_$(PRECISION_SUFFIX)
+	./generate_gpt_$(PRECISION_SUFFIX) -e $(RUN) -p "$(PROMPT)" $(GENERATE_FLAGS)
 
 clean:
-	rm -rf build $(PROGRAMS) train_gpt_bf16 train_gpt_fp32 test_gpt_bf16 test_gpt_fp32
+	rm -rf build $(PROGRAMS)
 
 # ---------------------------------------------------------------------------------------------
 # LayerNorm C API: a shared library over layernorm.cuh and the labs' CPU reference, for Python's

@@ -1,16 +1,17 @@
 // fileio.h: host-side file formats and helpers shared by the training program and its tools.
-//   - read_token_file: llm.c's token file (256 x int32 header: magic 20240520, version 1, count; then
-//     count uint16 tokens), written by data/prepare_tinyshakespeare.py
-//   - read_tokenizer / tokenizer_decode: llm.c's tokenizer file (256 x int32 header: magic 20240328,
-//     version 1 or 2, vocab size, eot token (version 2); then per token a uint8 length and its bytes)
-//   - write_file_atomic / read_whole_file / file_exists: checkpoints and logs; these return errors
-//     instead of exiting, so a failed checkpoint write need not end a long run
+//   - InputFile / read_whole_file: regular files only (never a FIFO or device), read with pread,
+//     bounded by the file's checked size
+//   - write_file_atomic: temp file, fsync, rename, folder fsync
+//   - TokenStream: llm.c's token files (256 x int32 header: magic 20240520, version 1, count; then
+//     count uint16 tokens), one or many shards named by a glob, streamed window by window
 //   - parse_int_flag / parse_float_flag: strict command-line numbers
 //   - crc32: the standard CRC-32 (zlib's), for checkpoint checksums
-// Files are little-endian, as every machine this runs on is. Input errors end in fail(): one line
-// naming the file and what was expected.
+// Files are little-endian, as every machine this runs on is. Readers and writers return errors (a
+// failed checkpoint write need not end a long run) or end in fail(): one line naming the file and
+// what was expected.
 #pragma once
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,33 +36,131 @@ constexpr int TOKENIZER_MAGIC = 20240328;
 constexpr size_t FILE_HEADER_BYTES = 256 * sizeof(int32_t);
 
 // ---------------------------------------------------------------------------------------------
-// Whole files, atomic writes.
+// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the same value as zlib's crc32 and Python's
+// zlib.crc32. Pass the previous result as `crc` to checksum data in pieces.
+
+inline uint32_t crc32(const void* data, size_t n, uint32_t crc = 0) {
+    static const std::vector<uint32_t> table = [] {
+        std::vector<uint32_t> t(256);
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            t[i] = c;
+        }
+        return t;
+    }();
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input files. Every input is checked to be a regular file before it is opened: a FIFO would block
+// the reader forever, a device (/dev/zero, /dev/urandom) never ends, a folder is not data. Reads go
+// through pread at known offsets, so no allocation is ever sized by a header that was not first
+// checked against the file's real size.
 
 inline bool file_exists(const std::string& path) {
     struct stat st;
     return stat(path.c_str(), &st) == 0;
 }
 
-inline bool read_whole_file(const std::string& path, std::vector<uint8_t>& bytes, std::string* error) {
-    bytes.clear();
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f) {
-        if (error) *error = "cannot open " + path + ": " + strerror(errno);
+// An open regular file, read with pread. Move-only; closes itself.
+struct InputFile {
+    std::string path;
+    int fd = -1;
+    uint64_t size = 0;
+
+    InputFile() = default;
+    InputFile(const InputFile&) = delete;
+    InputFile& operator=(const InputFile&) = delete;
+    InputFile(InputFile&& o) noexcept : path(std::move(o.path)), fd(o.fd), size(o.size) { o.fd = -1; }
+    InputFile& operator=(InputFile&& o) noexcept {
+        if (this != &o) {
+            close_file();
+            path = std::move(o.path), fd = o.fd, size = o.size, o.fd = -1;
+        }
+        return *this;
+    }
+    ~InputFile() { close_file(); }
+    void close_file() {
+        if (fd >= 0) close(fd);
+        fd = -1;
+    }
+
+    bool open_file(const std::string& p, std::string* error) {
+        close_file();
+        path = p;
+        struct stat st;
+        if (stat(p.c_str(), &st) != 0) return set(error, "cannot open " + p + ": " + strerror(errno));
+        if (S_ISDIR(st.st_mode)) return set(error, p + " is a folder, not a file");
+        if (!S_ISREG(st.st_mode)) return set(error, p + " is not a regular file (a pipe, device or socket cannot be read as data)");
+        // O_NONBLOCK: should the path be swapped for a FIFO after the stat, open still returns at once.
+        fd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd < 0) return set(error, "cannot open " + p + ": " + strerror(errno));
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            close_file();
+            return set(error, p + " is not a regular file");
+        }
+        size = uint64_t(st.st_size);
+        return true;
+    }
+    // Reads exactly n bytes at offset; a short read (the file shrank) is an error.
+    bool read_at(uint64_t offset, void* dst, size_t n, std::string* error) const {
+        char* p = static_cast<char*>(dst);
+        while (n > 0) {
+            const ssize_t got = pread(fd, p, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) return set(error, "cannot read " + path + ": " + strerror(errno));
+            if (got == 0) return set(error, "cannot read " + path + ": it ended early (changed while in use?)");
+            p += got, offset += uint64_t(got), n -= size_t(got);
+        }
+        return true;
+    }
+
+  private:
+    static bool set(std::string* error, const std::string& what) {
+        if (error) *error = what;
         return false;
     }
-    // Read in chunks until EOF rather than trusting a size from fseek/ftell: works for pipes too.
-    uint8_t buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
-    bool ok = !ferror(f);
-    if (!ok && error) *error = "cannot read " + path + ": " + strerror(errno);
-    fclose(f);
-    return ok;
+};
+
+// A whole regular file of at most max_bytes (the bound keeps a huge or wrong file from being
+// allocated: callers pass what their format can need).
+inline bool read_whole_file(const std::string& path, std::vector<uint8_t>& bytes, std::string* error,
+                            uint64_t max_bytes = uint64_t(1) << 30) {
+    bytes.clear();
+    InputFile f;
+    if (!f.open_file(path, error)) return false;
+    if (f.size > max_bytes) {
+        if (error) *error = path + " has " + std::to_string(f.size) + " bytes, more than the " + std::to_string(max_bytes) +
+                            " this kind of file can have";
+        return false;
+    }
+    bytes.resize(f.size);
+    return f.read_at(0, bytes.data(), bytes.size(), error);
 }
 
-// Temp file in the same folder (rename is atomic only within one file system), every chunk written,
-// fsync, then rename over `path`: a crash leaves either the old file or the new one, never half of
-// one. On failure the temp file is removed and `path` is untouched.
+// ---------------------------------------------------------------------------------------------
+// Atomic writes. Temp file in the same folder (rename is atomic only within one file system), every
+// chunk written, fsync, rename over `path`, then fsync of the folder: a crash leaves either the old
+// file or the new one, never half of one, and once this returns true the new name is on disk. On
+// failure the temp file is removed and `path` is untouched.
+
+inline bool sync_folder_of(const std::string& path, std::string* error) {
+    const size_t slash = path.find_last_of('/');
+    const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    const int dir_fd = open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0 || fsync(dir_fd) != 0) {
+        if (error) *error = "cannot sync folder " + folder + ": " + strerror(errno);
+        if (dir_fd >= 0) close(dir_fd);
+        return false;
+    }
+    close(dir_fd);
+    return true;
+}
+
 inline bool write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& chunks,
                               std::string* error) {
     auto set_error = [&](const char* what, const std::string& target) {
@@ -71,139 +171,176 @@ inline bool write_file_atomic(const std::string& path, const std::vector<std::pa
     int fd = mkstemp(&tmp[0]);
     if (fd < 0) return set_error("cannot create a temp file for", path);
     fchmod(fd, 0644);  // mkstemp makes it 0600; a checkpoint is an ordinary file
+    auto abandon = [&](const char* what, const std::string& target) {
+        set_error(what, target);
+        if (fd >= 0) close(fd);
+        unlink(tmp.c_str());
+        return false;
+    };
     for (const auto& chunk : chunks) {
         const char* p = static_cast<const char*>(chunk.first);
         size_t left = chunk.second;
         while (left > 0) {
-            ssize_t n = write(fd, p, left);
+            ssize_t n = write(fd, p, std::min<size_t>(left, size_t(1) << 30));
             if (n < 0 && errno == EINTR) continue;
             if (n <= 0) {
-                set_error("cannot write", tmp);
-                close(fd);
-                unlink(tmp.c_str());
-                return false;
+                if (n == 0) errno = ENOSPC;
+                return abandon("cannot write", tmp);
             }
             p += n;
             left -= size_t(n);
         }
     }
-    if (fsync(fd) != 0) {
-        set_error("cannot fsync", tmp);
-        close(fd);
-        unlink(tmp.c_str());
-        return false;
-    }
-    if (close(fd) != 0) {
-        set_error("cannot close", tmp);
-        unlink(tmp.c_str());
-        return false;
-    }
-    if (rename(tmp.c_str(), path.c_str()) != 0) {
-        set_error("cannot rename a temp file onto", path);
-        unlink(tmp.c_str());
-        return false;
-    }
-    // The rename lives in the folder: sync it too, so after a power loss the new name is on disk
-    // before anything (pruning older checkpoints, say) relies on it.
-    const size_t slash = path.find_last_of('/');
-    const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-    const int dir_fd = open(folder.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dir_fd >= 0) {
-        fsync(dir_fd);
-        close(dir_fd);
-    }
-    return true;
+    if (fsync(fd) != 0) return abandon("cannot fsync", tmp);
+    const int closed = close(fd);
+    fd = -1;
+    if (closed != 0) return abandon("cannot close", tmp);
+    if (rename(tmp.c_str(), path.c_str()) != 0) return abandon("cannot rename a temp file onto", path);
+    // The rename lives in the folder: sync it too, so the new name is on disk before anything (the
+    // next file of a checkpoint, pruning older checkpoints) relies on it.
+    return sync_folder_of(path, error);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Token files.
+// Token files and token streams. A token file is llm.c's: 256 x int32 header (magic 20240520,
+// version 1, token count), then that many uint16 tokens. A TokenStream is the concatenation of the
+// token files a glob pattern names, in sorted path order (data/prepare_text.py writes shards
+// NAME_train_000001.bin, NAME_train_000002.bin, ...). It is read window by window with pread: only
+// the headers are read at open, so a corpus of any size takes a few MB of host memory.
 
+// Paths matching `pattern`, sorted. A pattern without wildcards is taken as a path as it is.
+inline std::vector<std::string> expand_glob(const std::string& pattern) {
+    if (pattern.find_first_of("*?[") == std::string::npos) return {pattern};
+    std::vector<std::string> paths;
+    glob_t g;
+    if (glob(pattern.c_str(), 0, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++) paths.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+    std::sort(paths.begin(), paths.end());
+    return paths;
+}
+
+struct TokenStream {
+    struct Shard {
+        InputFile file;
+        uint64_t first = 0, count = 0;  // its tokens are [first, first + count) of the stream
+    };
+    std::string pattern;
+    std::vector<Shard> shards;
+    uint64_t total = 0;
+    int vocab_size = 0;
+
+    // Opens every file of `pattern` and checks its header against its size. false + *error on a
+    // bad input (the caller names the flag).
+    bool open(const std::string& pat, int vocab, std::string* error) {
+        pattern = pat, vocab_size = vocab, shards.clear(), total = 0;
+        const std::vector<std::string> paths = expand_glob(pat);
+        if (paths.empty()) {
+            *error = "no file matches '" + pat + "'";
+            return false;
+        }
+        for (const std::string& p : paths) {
+            Shard s;
+            if (!s.file.open_file(p, error)) return false;
+            const char* name = p.c_str();
+            char buf[256];
+            if (s.file.size < FILE_HEADER_BYTES) {
+                snprintf(buf, sizeof(buf), "token file %s: %llu bytes, expected at least a %zu-byte header", name,
+                         (unsigned long long)s.file.size, FILE_HEADER_BYTES);
+                *error = buf;
+                return false;
+            }
+            int32_t header[256];
+            if (!s.file.read_at(0, header, FILE_HEADER_BYTES, error)) return false;
+            if (header[0] != TOKEN_FILE_MAGIC) {
+                snprintf(buf, sizeof(buf), "token file %s: magic %d, expected %d (not a token file from data/)", name,
+                         header[0], TOKEN_FILE_MAGIC);
+                *error = buf;
+                return false;
+            }
+            if (header[1] != TOKEN_FILE_VERSION) {
+                snprintf(buf, sizeof(buf), "token file %s: version %d, expected %d (uint16 GPT-2 tokens)", name, header[1],
+                         TOKEN_FILE_VERSION);
+                *error = buf;
+                return false;
+            }
+            if (header[2] < 1) {
+                snprintf(buf, sizeof(buf), "token file %s: header says %d tokens, expected at least 1", name, header[2]);
+                *error = buf;
+                return false;
+            }
+            s.count = uint64_t(header[2]);
+            if (s.file.size != FILE_HEADER_BYTES + 2 * s.count) {
+                snprintf(buf, sizeof(buf), "token file %s: %llu bytes, expected %llu (header + %llu uint16 tokens); truncated or corrupt?",
+                         name, (unsigned long long)s.file.size, (unsigned long long)(FILE_HEADER_BYTES + 2 * s.count),
+                         (unsigned long long)s.count);
+                *error = buf;
+                return false;
+            }
+            s.first = total;
+            total += s.count;
+            shards.push_back(std::move(s));
+        }
+        return true;
+    }
+
+    // Tokens [start, start + n) of the stream into out, each checked against the vocabulary (one bad
+    // id would index past the embedding table on the GPU). fail() names the file and position.
+    void read(uint64_t start, size_t n, uint16_t* out) const {
+        if (start + n > total) fail("token stream '%s': tokens %llu..%llu asked, it holds %llu", pattern.c_str(),
+                                    (unsigned long long)start, (unsigned long long)(start + n), (unsigned long long)total);
+        // The shard holding `start`: the last whose first token is <= start.
+        size_t i = std::upper_bound(shards.begin(), shards.end(), start, [](uint64_t v, const Shard& s) { return v < s.first; }) -
+                   shards.begin() - 1;
+        std::string error;
+        while (n > 0) {
+            const Shard& s = shards[i];
+            const uint64_t local = start - s.first;
+            const size_t take = (size_t)std::min<uint64_t>(n, s.count - local);
+            if (!s.file.read_at(FILE_HEADER_BYTES + 2 * local, out, 2 * take, &error)) fail("token file %s", error.c_str());
+            for (size_t k = 0; k < take; k++)
+                if (out[k] >= vocab_size)
+                    fail("token file %s: token %u at position %llu, expected ids below the vocab size %d", s.file.path.c_str(),
+                         out[k], (unsigned long long)(local + k), vocab_size);
+            out += take, start += take, n -= take, i++;
+        }
+    }
+
+    // What a checkpoint records of its training data. Up to kFullCrcTokens tokens: the crc32 of all
+    // of them, in order. Beyond: the crc32 of 64 spread blocks of 64K tokens and the count, so that
+    // resuming a run on a multi-GB corpus does not read all of it.
+    static constexpr uint64_t kFullCrcTokens = uint64_t(1) << 24;
+    uint32_t fingerprint() const {
+        std::vector<uint16_t> chunk;
+        uint32_t crc = 0;
+        auto add = [&](uint64_t at, size_t n) {
+            chunk.resize(n);
+            read(at, n, chunk.data());
+            crc = crc32(chunk.data(), n * sizeof(uint16_t), crc);
+        };
+        if (total <= kFullCrcTokens) {
+            for (uint64_t at = 0; at < total; at += uint64_t(1) << 20) add(at, (size_t)std::min<uint64_t>(uint64_t(1) << 20, total - at));
+            return crc;
+        }
+        const uint64_t block = uint64_t(1) << 16;
+        for (int k = 0; k < 64; k++) add((total - block) / 63 * k, block);
+        return crc32(&total, sizeof(total), crc);
+    }
+};
+
+// A single token file read whole (tools and tests; training streams with TokenStream).
 struct TokenFile {
     std::string path;
     std::vector<uint16_t> tokens;
 };
 
 inline TokenFile read_token_file(const std::string& path, int vocab_size) {
-    std::vector<uint8_t> bytes;
+    TokenStream stream;
     std::string error;
-    if (!read_whole_file(path, bytes, &error)) fail("token file: %s", error.c_str());
-    const char* p = path.c_str();
-    if (bytes.size() < FILE_HEADER_BYTES)
-        fail("token file %s: %zu bytes, expected at least a %zu-byte header", p, bytes.size(), FILE_HEADER_BYTES);
-    int32_t header[256];
-    memcpy(header, bytes.data(), FILE_HEADER_BYTES);
-    if (header[0] != TOKEN_FILE_MAGIC)
-        fail("token file %s: magic %d, expected %d (not a token file from data/prepare_tinyshakespeare.py?)", p,
-             header[0], TOKEN_FILE_MAGIC);
-    if (header[1] != TOKEN_FILE_VERSION)
-        fail("token file %s: version %d, expected %d (uint16 GPT-2 tokens)", p, header[1], TOKEN_FILE_VERSION);
-    int64_t count = header[2];
-    if (count < 1) fail("token file %s: header says %lld tokens, expected at least 1", p, (long long)count);
-    size_t expected = FILE_HEADER_BYTES + 2 * size_t(count);
-    if (bytes.size() != expected)
-        fail("token file %s: %zu bytes, expected %zu (header + %lld uint16 tokens); truncated or corrupt?", p,
-             bytes.size(), expected, (long long)count);
-    TokenFile out{path, std::vector<uint16_t>(count)};
-    memcpy(out.tokens.data(), bytes.data() + FILE_HEADER_BYTES, 2 * size_t(count));
-    // One bad id would index past the embedding table on the GPU; catch it here, with its position.
-    for (size_t i = 0; i < out.tokens.size(); i++)
-        if (out.tokens[i] >= vocab_size)
-            fail("token file %s: token %u at position %zu, expected ids below the vocab size %d", p, out.tokens[i], i,
-                 vocab_size);
+    if (!stream.open(path, vocab_size, &error)) fail("%s", error.rfind("token file", 0) == 0 ? error.c_str() : ("token file: " + error).c_str());
+    TokenFile out{path, std::vector<uint16_t>(stream.total)};
+    stream.read(0, out.tokens.size(), out.tokens.data());
     return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Tokenizer (for printing samples).
-
-struct Tokenizer {
-    std::vector<std::string> pieces;  // pieces[id] = the raw bytes of token id (not always valid UTF-8)
-    int eot_token = -1;               // -1 in version-1 files, which do not record it
-    int vocab_size = 0;
-};
-
-inline Tokenizer read_tokenizer(const std::string& path) {
-    std::vector<uint8_t> bytes;
-    std::string error;
-    if (!read_whole_file(path, bytes, &error)) fail("tokenizer: %s", error.c_str());
-    const char* p = path.c_str();
-    if (bytes.size() < FILE_HEADER_BYTES)
-        fail("tokenizer %s: %zu bytes, expected at least a %zu-byte header", p, bytes.size(), FILE_HEADER_BYTES);
-    int32_t header[256];
-    memcpy(header, bytes.data(), FILE_HEADER_BYTES);
-    if (header[0] != TOKENIZER_MAGIC)
-        fail("tokenizer %s: magic %d, expected %d (not a tokenizer file from data/prepare_tinyshakespeare.py?)", p,
-             header[0], TOKENIZER_MAGIC);
-    if (header[1] != 1 && header[1] != 2) fail("tokenizer %s: version %d, expected 1 or 2", p, header[1]);
-    Tokenizer tok;
-    tok.vocab_size = header[2];
-    if (tok.vocab_size < 1) fail("tokenizer %s: vocab size %d, expected at least 1", p, tok.vocab_size);
-    if (header[1] == 2) {
-        tok.eot_token = header[3];
-        if (tok.eot_token < 0 || tok.eot_token >= tok.vocab_size)
-            fail("tokenizer %s: eot token %d, expected an id in [0, %d)", p, tok.eot_token, tok.vocab_size);
-    }
-    tok.pieces.reserve(tok.vocab_size);
-    size_t pos = FILE_HEADER_BYTES;
-    for (int id = 0; id < tok.vocab_size; id++) {
-        if (pos >= bytes.size() || pos + 1 + bytes[pos] > bytes.size())
-            fail("tokenizer %s: ends inside token %d of %d (%zu bytes); truncated?", p, id, tok.vocab_size,
-                 bytes.size());
-        size_t len = bytes[pos];
-        if (len == 0) fail("tokenizer %s: token %d has length 0, expected at least 1 byte", p, id);
-        tok.pieces.emplace_back(reinterpret_cast<const char*>(bytes.data() + pos + 1), len);
-        pos += 1 + len;
-    }
-    if (pos != bytes.size())
-        fail("tokenizer %s: %zu bytes after the last of %d tokens, expected none", p, bytes.size() - pos,
-             tok.vocab_size);
-    return tok;
-}
-
-inline const std::string& tokenizer_decode(const Tokenizer& tok, int token) {
-    if (token < 0 || token >= tok.vocab_size)
-        fail("tokenizer_decode: token %d, expected an id in [0, %d)", token, tok.vocab_size);
-    return tok.pieces[token];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,24 +368,4 @@ inline double parse_float_flag(const char* flag, const char* value, double min, 
     if (!whole || errno == ERANGE || !std::isfinite(x) || !(x >= min) || !(x <= max))
         fail("flag %s: expected a number in [%g, %g], got '%s'", flag, min, max, value);
     return x;
-}
-
-// ---------------------------------------------------------------------------------------------
-// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the same value as zlib's crc32 and Python's
-// zlib.crc32. Pass the previous result as `crc` to checksum data in pieces.
-
-inline uint32_t crc32(const void* data, size_t n, uint32_t crc = 0) {
-    static const std::vector<uint32_t> table = [] {
-        std::vector<uint32_t> t(256);
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-            t[i] = c;
-        }
-        return t;
-    }();
-    const uint8_t* p = static_cast<const uint8_t*>(data);
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-    return ~crc;
 }

@@ -130,6 +130,7 @@ struct BlasContext {
     // tune_print: one line per plan as it is tuned (what was tried, what it kept), for the lab and
     // train_gpt -tw.
     bool tune_wide = false, tune_print = false;
+    bool tune = true;  // false: plans made now keep the heuristic's first choice until a call with tune on
     size_t tune_wide_max = 3000;
     double tune_wide_seconds = 3.0;
 };
@@ -625,7 +626,7 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
         if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(status);
         return status == CUBLAS_STATUS_SUCCESS;
     };
-    if (!plan.tuned)
+    if (!plan.tuned && b.tune)
         matmul_tune(plan, run, D, ep == MatmulEpilogue::gelu ? aux : nullptr, size_t(m) * n, stream, C == D);
     if (run(plan.algo)) return true;
     plan.has_algo = false;  // this case is not for cuBLASLt: the plain path from now on

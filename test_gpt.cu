@@ -11,7 +11,7 @@
 // cuBLASLt's epilogues compute (matmul.cuh: NVIDIA documents none). Bounds: fp32 builds compute in true fp32 (no TF32), so every tensor is
 // within 1e-4 relative and every loss within 1e-5; bf16 builds round parameters and activations to
 // 8 significant bits, so gradients and logits get 2e-2 and losses 1e-2.
-#define TESTING
+#define GPT_NO_MAIN
 #include "train_gpt.cu"
 
 #if defined(ENABLE_FP32)

@@ -16,6 +16,7 @@
 // Nothing touches the GPU before every input (flags, token files, tokenizer, checkpoints, output
 // folder) has been validated, so bad input fails with one line and exit code 1 even without a GPU.
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,11 +36,13 @@
 #include "attention.cuh"
 #include "classifier.cuh"
 #include "common.cuh"
+#include "distributed.cuh"
 #include "encoder.cuh"
 #include "fileio.h"
 #include "flash_attention.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
+#include "tokenizer.h"
 
 // ---------------------------------------------------------------------------------------------
 // Model config and the checkpoint format (shared with gpt_reference.py, which documents it too):
@@ -154,45 +157,63 @@ inline uint32_t header_and_payload_crc(const int32_t* header, int crc_slot, cons
     return crc32(payload, bytes, crc32(h.data(), h.size() * sizeof(int32_t)));
 }
 
-// Reads and validates a checkpoint; on any problem returns false with *error set (resume skips a bad
-// checkpoint; a model given by -e is fatal). A crc32 of 0 means "not recorded" (PyTorch writes none).
+// llm.c's model files (its train_gpt2.cu and the files its scripts write, e.g. gpt2_124M.bin): 256 int32
+// header {magic 20240326, version 3 (fp32 parameters) or 5 (bf16), maxT, V, L, NH, C, Vp, 0...}, then
+// the parameters in the same order and shapes as ours, no checksum.
+constexpr int LLMC_MODEL_MAGIC = 20240326, LLMC_MODEL_FP32 = 3, LLMC_MODEL_BF16 = 5;
+
+// Reads and validates a model file: ours (magic 20251101) or llm.c's. On any problem returns false
+// with *error set (resume skips a bad checkpoint; a model given by -e is fatal). The header's config
+// is checked against the file's size before anything is allocated. A crc32 of 0 means "not recorded".
 inline bool read_checkpoint(const std::string& path, HostModel& m, std::string* error) {
-    std::vector<uint8_t> bytes;
-    if (!read_whole_file(path, bytes, error)) return false;
-    if (bytes.size() < HEADER_INTS * sizeof(int32_t)) {
-        *error = "checkpoint '" + path + "' is truncated (" + std::to_string(bytes.size()) + " bytes, no complete header)";
-        return false;
-    }
+    InputFile f;
+    if (!f.open_file(path, error)) return false;
     int32_t h[HEADER_INTS];
-    memcpy(h, bytes.data(), sizeof(h));
-    if (h[0] != CHECKPOINT_MAGIC) {
+    if (f.size < sizeof(h)) {
+        *error = "checkpoint '" + path + "' is truncated (" + std::to_string(f.size) + " bytes, no complete header)";
+        return false;
+    }
+    if (!f.read_at(0, h, sizeof(h), error)) return false;
+    const bool llmc = h[0] == LLMC_MODEL_MAGIC;
+    if (!llmc && h[0] != CHECKPOINT_MAGIC) {
         *error = "'" + path + "' is not a model checkpoint (bad magic " + std::to_string(h[0]) + ", expected " +
-                 std::to_string(CHECKPOINT_MAGIC) + ")";
+                 std::to_string(CHECKPOINT_MAGIC) + ", or llm.c's " + std::to_string(LLMC_MODEL_MAGIC) + ")";
         return false;
     }
-    if (h[1] != CHECKPOINT_VERSION) {
-        *error = "checkpoint '" + path + "' has version " + std::to_string(h[1]) + ", expected " + std::to_string(CHECKPOINT_VERSION);
+    if (llmc ? (h[1] != LLMC_MODEL_FP32 && h[1] != LLMC_MODEL_BF16) : h[1] != CHECKPOINT_VERSION) {
+        *error = (llmc ? "llm.c model file '" : "checkpoint '") + path + "' has version " + std::to_string(h[1]) + ", expected " +
+                 (llmc ? "3 (fp32) or 5 (bf16)" : std::to_string(CHECKPOINT_VERSION));
         return false;
     }
-    GPTConfig c{h[2], h[3], h[4], h[5], h[6], h[7]};
+    const GPTConfig c = llmc ? GPTConfig{h[4], h[5], h[6], h[2], h[3], h[7]} : GPTConfig{h[2], h[3], h[4], h[5], h[6], h[7]};
     const std::string bad = config_error(c);
     if (!bad.empty()) {
         *error = "checkpoint '" + path + "': " + bad;
         return false;
     }
-    const size_t n = num_parameters(c), expected = sizeof(h) + n * sizeof(float);
-    if (bytes.size() != expected) {
-        *error = "checkpoint '" + path + "' has " + std::to_string(bytes.size()) + " bytes, expected " +
-                 std::to_string(expected) + " for its config (truncated or corrupt)";
-        return false;
-    }
-    if (h[8] != 0 && (uint32_t)h[8] != header_and_payload_crc(h, 8, bytes.data() + sizeof(h), n * sizeof(float))) {
-        *error = "checkpoint '" + path + "' fails its checksum (corrupt)";
+    const size_t n = num_parameters(c), width = llmc && h[1] == LLMC_MODEL_BF16 ? 2 : 4;
+    const uint64_t expected = sizeof(h) + uint64_t(n) * width;
+    if (f.size != expected) {
+        *error = "checkpoint '" + path + "' has " + std::to_string(f.size) + " bytes, expected " + std::to_string(expected) +
+                 " for its config (truncated or corrupt)";
         return false;
     }
     m.config = c;
     m.params.resize(n);
-    memcpy(m.params.data(), bytes.data() + sizeof(h), n * sizeof(float));
+    if (width == 4) {
+        if (!f.read_at(sizeof(h), m.params.data(), n * sizeof(float), error)) return false;
+    } else {  // bf16 -> fp32 is exact: the bf16 bits are the top half of the float's
+        std::vector<uint16_t> half(n);
+        if (!f.read_at(sizeof(h), half.data(), n * sizeof(uint16_t), error)) return false;
+        for (size_t i = 0; i < n; i++) {
+            const uint32_t bits = uint32_t(half[i]) << 16;
+            memcpy(&m.params[i], &bits, sizeof(bits));
+        }
+    }
+    if (!llmc && h[8] != 0 && (uint32_t)h[8] != header_and_payload_crc(h, 8, m.params.data(), n * sizeof(float))) {
+        *error = "checkpoint '" + path + "' fails its checksum (corrupt)";
+        return false;
+    }
     for (size_t i = 0; i < n; i++)
         if (!std::isfinite(m.params[i])) {
             *error = "checkpoint '" + path + "' holds a non-finite parameter at index " + std::to_string(i);
@@ -343,9 +364,17 @@ struct GPT {
     ParameterTensors params, grads;
     floatX* params_memory = nullptr;
     floatX* grads_memory = nullptr;
-    float* master = nullptr;  // fp32 master weights (bf16 builds only)
-    float* adam_m = nullptr;
-    float* adam_v = nullptr;
+    // Data parallel (ZeRO stage 1): the optimizer state of elements [shard_lo, shard_hi) of the flat
+    // parameter vector lives on this rank only; with one GPU the shard is everything. params_memory and
+    // grads_memory hold world * shard_size elements (the tail past num_params is padding), so the
+    // updated shards are all-gathered in place.
+    Dist* dist = nullptr;
+    bool inference = false;  // set before gpt_create: forward only (generation), no gradients or optimizer state
+    size_t shard_lo = 0, shard_hi = 0;
+    float* master = nullptr;  // (shard) fp32 master weights (bf16 builds only)
+    float* adam_m = nullptr;  // (shard)
+    float* adam_v = nullptr;  // (shard)
+    cudaEvent_t grads_ready = nullptr, wgrads_ready = nullptr, reduced = nullptr;  // gradient all-reduce ordering
     int B = 0, T = 0;  // the largest batch the buffers hold
     ActivationTensors acts;
     StatTensors stats;
@@ -418,21 +447,37 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
     param_sizes(m.config, m.param_sizes);
     m.num_params = num_parameters(m.config);
     const size_t np = m.num_params;
-    m.params_memory = gpt_alloc<floatX>(m, np * sizeof(floatX), "parameters");
-    m.grads_memory = gpt_alloc<floatX>(m, np * sizeof(floatX), "gradients");
+    const int world = m.dist ? m.dist->world : 1, rank = m.dist ? m.dist->rank : 0;
+    const size_t padded = shard_size(np, world) * world, shard = shard_size(np, world);
+    m.shard_lo = shard_begin(np, world, rank), m.shard_hi = shard_end(np, world, rank);
+    m.params_memory = gpt_alloc<floatX>(m, padded * sizeof(floatX), "parameters");
     m.params = point_parameters(m.params_memory, m.param_sizes);
-    m.grads = point_parameters(m.grads_memory, m.param_sizes);
-    m.adam_m = gpt_alloc<float>(m, np * sizeof(float), "AdamW first moments");
-    m.adam_v = gpt_alloc<float>(m, np * sizeof(float), "AdamW second moments");
-    cuda_check(cudaMemset(m.adam_m, 0, np * sizeof(float)));
-    cuda_check(cudaMemset(m.adam_v, 0, np * sizeof(float)));
-    cuda_check(cudaMemset(m.grads_memory, 0, np * sizeof(floatX)));
+    cuda_check(cudaMemset(m.params_memory, 0, padded * sizeof(floatX)));
+    if (!m.inference) {
+        m.grads_memory = gpt_alloc<floatX>(m, padded * sizeof(floatX), "gradients");
+        m.grads = point_parameters(m.grads_memory, m.param_sizes);
+        m.adam_m = gpt_alloc<float>(m, shard * sizeof(float), "AdamW first moments");
+        m.adam_v = gpt_alloc<float>(m, shard * sizeof(float), "AdamW second moments");
+        cuda_check(cudaMemset(m.adam_m, 0, shard * sizeof(float)));
+        cuda_check(cudaMemset(m.adam_v, 0, shard * sizeof(float)));
+        cuda_check(cudaMemset(m.grads_memory, 0, padded * sizeof(floatX)));
+    }
     float* staging = static_cast<float*>(device_malloc(np * sizeof(float), "parameter upload"));
     cuda_check(cudaMemcpy(staging, host.params.data(), np * sizeof(float), cudaMemcpyHostToDevice));
     convert_params_kernel<<<1024, 256>>>(m.params_memory, staging, np);
     cuda_check_launch();
-    if (sizeof(floatX) != sizeof(float)) m.master = staging, m.bytes_allocated += np * sizeof(float);
-    else cuda_check(cudaFree(staging));
+    if (sizeof(floatX) == sizeof(float) || m.inference) {
+        cuda_check(cudaFree(staging));
+    } else if (world == 1) {  // the master weights are the upload itself
+        m.master = staging, m.bytes_allocated += np * sizeof(float);
+    } else {  // this rank's shard of them
+        m.master = gpt_alloc<float>(m, shard * sizeof(float), "fp32 master weights");
+        cuda_check(cudaMemset(m.master, 0, shard * sizeof(float)));
+        cuda_check(cudaMemcpy(m.master, staging + m.shard_lo, (m.shard_hi - m.shard_lo) * sizeof(float), cudaMemcpyDeviceToDevice));
+        cuda_check(cudaFree(staging));
+    }
+    if (world > 1)
+        for (cudaEvent_t* e : {&m.grads_ready, &m.wgrads_ready, &m.reduced}) cuda_check(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
 
     size_t act_sizes[NUM_ACT_TENSORS], stat_sizes[NUM_STAT_TENSORS];
     activation_sizes(m.config, B, T, m.flash, m.recompute != 0, act_sizes, stat_sizes);
@@ -505,6 +550,8 @@ inline void gpt_free(GPT& m) {
     if (m.wgrad_stream) cuda_check(cudaStreamDestroy(m.wgrad_stream));
     if (m.wgrad_fork) cuda_check(cudaEventDestroy(m.wgrad_fork));
     for (cudaEvent_t e : m.wgrad_done)
+        if (e) cuda_check(cudaEventDestroy(e));
+    for (cudaEvent_t e : {m.grads_ready, m.wgrads_ready, m.reduced})
         if (e) cuda_check(cudaEventDestroy(e));
     m = GPT();
 }
@@ -778,10 +825,66 @@ void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const
     wgrad_mark(m, point);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Data parallel (several GPUs, distributed.cuh). In the last micro-batch of a step each layer's
+// gradients are all-reduced as soon as the backward has finished them, on the communication stream,
+// while the backward goes on with the layers below (the per-layer buckets of PyTorch's DDP): a
+// layer's slices of the 12 per-layer tensors in one NCCL group, once its last LayerNorm backward (on
+// the default stream) and its weight gradients (on the weight stream) are done. The embeddings, ln_f
+// and the step's loss sum go last, after the encoder backward. Then every rank holds the same summed
+// gradients, and computes the same global norm and the same skip decision from them.
+
+constexpr bool kPerLayerTensor[NUM_PARAM_TENSORS] = {false, false, true, true, true, true, true, true,
+                                                     true,  true,  true, true, true, true, false, false};
+
+// The comm stream waits for everything enqueued so far on the default stream (and the weight stream).
+inline void comm_wait_for_backward(GPT& m) {
+    cuda_check(cudaEventRecord(m.grads_ready, 0));
+    cuda_check(cudaStreamWaitEvent(m.dist->stream, m.grads_ready, 0));
+    if (m.overlap) {
+        cuda_check(cudaEventRecord(m.wgrads_ready, m.wgrad_stream));
+        cuda_check(cudaStreamWaitEvent(m.dist->stream, m.wgrads_ready, 0));
+    }
+}
+
+inline void reduce_layer_grads(GPT& m, int l) {
+#if !defined(NO_NCCL)
+    comm_wait_for_backward(m);
+    const ParameterTensors& g = m.grads;
+    floatX* const* tensors = reinterpret_cast<floatX* const*>(&g);
+    nccl_check(ncclGroupStart());
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (!kPerLayerTensor[i]) continue;
+        const size_t per_layer = m.param_sizes[i] / m.config.L;
+        floatX* slice = tensors[i] + size_t(l) * per_layer;
+        nccl_check(ncclAllReduce(slice, slice, per_layer, nccl_type<floatX>(), ncclSum, m.dist->comm.load(), m.dist->stream));
+    }
+    nccl_check(ncclGroupEnd());
+#endif
+}
+
+// The last bucket, then the default stream waits for every all-reduce of the step.
+inline void reduce_final_grads(GPT& m) {
+#if !defined(NO_NCCL)
+    comm_wait_for_backward(m);
+    const ParameterTensors& g = m.grads;
+    floatX* const* tensors = reinterpret_cast<floatX* const*>(&g);
+    ncclComm_t comm = m.dist->comm.load();
+    nccl_check(ncclGroupStart());
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (!kPerLayerTensor[i]) nccl_check(ncclAllReduce(tensors[i], tensors[i], m.param_sizes[i], nccl_type<floatX>(), ncclSum, comm, m.dist->stream));
+    nccl_check(ncclAllReduce(&m.step->loss_sum, &m.step->loss_sum, 1, ncclFloat64, ncclSum, comm, m.dist->stream));
+    nccl_check(ncclGroupEnd());
+    cuda_check(cudaEventRecord(m.reduced, m.dist->stream));
+    cuda_check(cudaStreamWaitEvent(0, m.reduced, 0));
+#endif
+}
+
 // Backward of the last forward (which must have had targets and a dloss). Gradients accumulate (+=)
 // into m.grads, so several micro-batches add up to one step. Returns with all of it enqueued on the
-// default stream (the weight stream joined).
-inline void gpt_backward(GPT& m, int B, int T) {
+// default stream (the weight stream joined). With `reduce` (the last micro-batch of a step on
+// several GPUs) the gradients and the step's loss sum are also summed over the ranks.
+inline void gpt_backward(GPT& m, int B, int T, bool reduce = false) {
     const GPTConfig& c = m.config;
     const int L = c.L, C = c.C, NH = c.NH, BT = B * T;
     const ParameterTensors& p = m.params;
@@ -858,12 +961,17 @@ inline void gpt_backward(GPT& m, int B, int T) {
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C, 0,
                            l > 0 ? g.fcprojb + size_t(l - 1) * C : none);
+        if (reduce) reduce_layer_grads(m, l);  // layer l's gradients are final (fcprojb's came from the layer above)
     }
     prof.mark("bwd.encoder");
     encoder_backward(g.wte, g.wpe, m.encoder_partials, a.dresidual, m.buckets, m.batch_slots[m.batch_slot].buckets, B, T,
                      C);
     prof.mark("bwd.join");  // the weight stream's last work (qkv's of layer 0), and so all of it
     wgrad_wait(m, kReadDqkv);
+    if (reduce) {
+        prof.mark("bwd.allreduce");  // what the all-reduces add to the step, beyond the overlap
+        reduce_final_grads(m);
+    }
     prof.mark(nullptr);
 }
 
@@ -880,16 +988,32 @@ struct AdamWConfig {
 // One AdamW step (t counts from 1) after gpt_grad_norm_squared: gradients clipped to global norm
 // grad_clip (<= 0: off); no update at all when the step's loss sum or gradient norm is non-finite.
 // The decision is the device's (adamw.cuh); read it afterwards with gpt_step_stats and step_finite.
+// On several GPUs each rank updates its shard [shard_lo, shard_hi) (its AdamW state and master
+// weights), then the updated parameters are all-gathered in place: ZeRO stage 1. An element's update
+// is the same arithmetic whichever rank does it.
 inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad_clip) {
-    ParamTable table{};
+    ParamTable table{};  // tensor ends relative to the shard's first element
     table.count = NUM_PARAM_TENSORS;
     table.decay_mask = PARAM_DECAY_MASK;
     size_t end = 0;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) table.end[i] = (end += m.param_sizes[i]);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) table.end[i] = std::max(end += m.param_sizes[i], m.shard_lo) - m.shard_lo;
     AdamWHyper hyper{lr, h.beta1, h.beta2, h.eps, h.weight_decay,
                      1.0f - std::pow(h.beta1, (float)t), 1.0f - std::pow(h.beta2, (float)t), grad_clip, m.step};
     profiler().mark("opt.adamw");
-    adamw_update(m.params_memory, m.master, m.grads_memory, m.adam_m, m.adam_v, m.num_params, table, hyper);
+    adamw_update(m.params_memory + m.shard_lo, m.master, m.grads_memory + m.shard_lo, m.adam_m, m.adam_v,
+                 m.shard_hi - m.shard_lo, table, hyper);
+#if !defined(NO_NCCL)
+    if (m.dist && m.dist->multi()) {
+        profiler().mark("opt.allgather");
+        Dist& d = *m.dist;
+        const size_t shard = shard_size(m.num_params, d.world);
+        cuda_check(cudaEventRecord(m.grads_ready, 0));
+        cuda_check(cudaStreamWaitEvent(d.stream, m.grads_ready, 0));
+        nccl_check(ncclAllGather(m.params_memory + shard * d.rank, m.params_memory, shard, nccl_type<floatX>(), d.comm.load(), d.stream));
+        cuda_check(cudaEventRecord(m.reduced, d.stream));
+        cuda_check(cudaStreamWaitEvent(0, m.reduced, 0));
+    }
+#endif
     profiler().mark(nullptr);
 }
 
@@ -900,54 +1024,106 @@ inline StepStats gpt_step_stats(GPT& m) {
     return s;
 }
 
-// fp32 copy of the parameters (the master weights in bf16 builds), for checkpoints.
-inline std::vector<float> gpt_params_fp32(GPT& m) {
-    std::vector<float> out(m.num_params);
-    if (m.master) {
-        cuda_check(cudaMemcpy(out.data(), m.master, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
-    } else {
-        cuda_check(cudaMemcpy(out.data(), m.params_memory, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
+// The whole of a sharded fp32 array (master weights, AdamW moments) on the host of rank 0 (empty on
+// the others): all-gathered chunk by chunk through a small device buffer, not a second full copy.
+inline std::vector<float> gpt_gather_shards(GPT& m, const float* shard) {
+    const size_t n = m.num_params;
+    if (!m.dist || !m.dist->multi()) {
+        std::vector<float> out(n);
+        cuda_check(cudaMemcpy(out.data(), shard, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return out;
     }
+    std::vector<float> out;
+#if !defined(NO_NCCL)
+    Dist& d = *m.dist;
+    const size_t S = shard_size(n, d.world), chunk = std::min(S, size_t(1) << 22);
+    float* gathered = static_cast<float*>(device_malloc(chunk * d.world * sizeof(float), "checkpoint gather"));
+    std::vector<float> host(chunk * d.world);
+    if (d.rank == 0) out.resize(n);
+    for (size_t at = 0; at < S; at += chunk) {
+        const size_t k = std::min(chunk, S - at);
+        nccl_check(ncclAllGather(shard + at, gathered, k, ncclFloat32, d.comm.load(), d.stream));
+        cuda_check(cudaStreamSynchronize(d.stream));
+        if (d.rank != 0) continue;
+        cuda_check(cudaMemcpy(host.data(), gathered, k * d.world * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int r = 0; r < d.world; r++) {
+            const size_t first = r * S + at, count = first < n ? std::min(k, n - first) : 0;
+            std::copy(host.begin() + r * k, host.begin() + r * k + count, out.begin() + first);
+        }
+    }
+    cuda_check(cudaFree(gathered));
+#endif
     return out;
 }
 
+// fp32 copy of the parameters (the master weights in bf16 builds), for checkpoints; on several GPUs
+// on rank 0 only (empty elsewhere).
+inline std::vector<float> gpt_params_fp32(GPT& m) {
+    if (m.master) return gpt_gather_shards(m, m.master);
+    std::vector<float> out(m.num_params);  // fp32 builds: the parameters themselves, whole on every rank
+    cuda_check(cudaMemcpy(out.data(), m.params_memory, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+// Sets this rank's shard of the AdamW state from whole host arrays (a resumed checkpoint).
+inline void gpt_set_optimizer_state(GPT& m, const std::vector<float>& adam_m, const std::vector<float>& adam_v) {
+    const size_t count = (m.shard_hi - m.shard_lo) * sizeof(float);
+    cuda_check(cudaMemcpy(m.adam_m, adam_m.data() + m.shard_lo, count, cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpy(m.adam_v, adam_v.data() + m.shard_lo, count, cudaMemcpyHostToDevice));
+}
+
+
 // ---------------------------------------------------------------------------------------------
-// Data loader: B x T windows of a token file, targets shifted by one; the windows of an epoch are
-// visited in order, or in a permutation drawn from (seed, epoch) when shuffling. Its whole state is
-// (epoch, cursor), which checkpoints save.
+// Data loader: B x T windows of a token stream (one token file, or the shards a glob names, in
+// sorted order: fileio.h), targets shifted by one. Window i is tokens [i B T, i B T + B T + 1) of the
+// stream; an epoch visits every window once, in order, or in a permutation drawn from (seed, epoch)
+// when shuffling. Its whole state is (epoch, cursor), which checkpoints save. Windows are read from
+// the files as they are needed (pread), never the whole stream. gpt_reference.py train reads the
+// same windows in the same order.
 
 struct DataLoader {
-    TokenFile file;
+    const TokenStream* stream = nullptr;
     int B = 0, T = 0;
-    size_t windows = 0;  // B*T+1 tokens each, starting every B*T tokens
+    uint64_t windows = 0;  // B*T+1 tokens each, starting every B*T tokens
     bool shuffle = false;
     uint64_t seed = 0;
     uint64_t epoch = 0, cursor = 0;
-    std::vector<size_t> order;
+    std::vector<uint32_t> order;  // the epoch's permutation (shuffling only; 4 bytes a window)
+    std::vector<uint16_t> window;
 
-    void init(TokenFile f, int B_, int T_, bool shuffle_, uint64_t seed_) {
-        file = std::move(f), B = B_, T = T_, shuffle = shuffle_, seed = seed_;
-        const size_t need = size_t(B) * T + 1;
-        if (file.tokens.size() < need)
-            fail("token file '%s' has %zu tokens, fewer than B*T+1 = %zu (use a smaller -b or -t)", file.path.c_str(),
-                 file.tokens.size(), need);
-        windows = (file.tokens.size() - 1) / (size_t(B) * T);
+    // `min_windows`: what one step needs (one window per rank); fewer is a bad input.
+    void init(const TokenStream& s, int B_, int T_, bool shuffle_, uint64_t seed_, const char* flag, uint64_t min_windows = 1) {
+        stream = &s, B = B_, T = T_, shuffle = shuffle_, seed = seed_;
+        const uint64_t need = uint64_t(B) * T * min_windows + 1;
+        if (s.total < need)
+            fail("%s '%s' has %llu tokens, fewer than %s = %llu (use a smaller -b or -t%s)", flag, s.pattern.c_str(),
+                 (unsigned long long)s.total, min_windows > 1 ? "B*T*ranks+1" : "B*T+1", (unsigned long long)need,
+                 min_windows > 1 ? ", or fewer ranks" : "");
+        windows = (s.total - 1) / (uint64_t(B) * T);
+        if (shuffle && windows > UINT32_MAX) fail("%s '%s': %llu windows are too many to shuffle (use a larger -b or -t, or -sh 0)",
+                                                  flag, s.pattern.c_str(), (unsigned long long)windows);
         seek(0, 0);
     }
     void seek(uint64_t epoch_, uint64_t cursor_) {
         epoch = epoch_, cursor = cursor_;
+        if (!shuffle) return;
         order.resize(windows);
-        for (size_t i = 0; i < windows; i++) order[i] = i;
-        if (shuffle) {
-            Rng rng(seed * 0x9E3779B97F4A7C15ull + epoch);
-            for (size_t i = windows - 1; i > 0; i--) std::swap(order[i], order[rng.next() % (i + 1)]);
-        }
+        for (uint64_t i = 0; i < windows; i++) order[i] = uint32_t(i);
+        Rng rng(seed * 0x9E3779B97F4A7C15ull + epoch);
+        for (uint64_t i = windows - 1; i > 0; i--) std::swap(order[i], order[rng.next() % (i + 1)]);
+    }
+    // The next window of the epoch (rolling into the next epoch), without reading it.
+    uint64_t advance() {
+        if (cursor >= windows) seek(epoch + 1, 0);
+        const uint64_t i = cursor++;
+        return shuffle ? order[i] : i;
     }
     void next(std::vector<int>& inputs, std::vector<int>& targets) {
-        if (cursor >= windows) seek(epoch + 1, 0);
-        const size_t start = order[cursor++] * size_t(B) * T;
-        inputs.resize(size_t(B) * T), targets.resize(size_t(B) * T);
-        for (size_t i = 0; i < size_t(B) * T; i++) inputs[i] = file.tokens[start + i], targets[i] = file.tokens[start + i + 1];
+        const size_t n = size_t(B) * T;
+        window.resize(n + 1);
+        stream->read(advance() * n, n + 1, window.data());
+        inputs.resize(n), targets.resize(n);
+        for (size_t i = 0; i < n; i++) inputs[i] = window[i], targets[i] = window[i + 1];
     }
 };
 
@@ -956,12 +1132,22 @@ struct DataLoader {
 // gpt_reference.py, with a crc32) and state_SSSSSSSS.bin: 256 int32 header {magic 20251103, version
 // 2, step, B, T, crc32, 0, 0, num_params (int64 at [8]), loader epoch (int64 at [10]), loader cursor
 // (int64 at [12]), sampler RNG (uint64 at [14]), -sd seed (int64 at [16]), -sh shuffle ([18]),
-// training tokens' crc32 ([19]), training token count (int64 at [20]), -ge ([22]), -r ([23])} then
-// fp32 master weights, AdamW m, AdamW v. Both are written atomically (temporary file, fsync, rename); a checkpoint counts
-// only when both files are complete and pass their checksums. The run setup (B, T, seed, shuffle,
-// training data) is recorded because the data position means nothing under another one: resuming
-// with a different setup is an error, never a silent change of the data order. Another -ge or -r
-// is allowed (a run may need -r 1 to fit a smaller GPU) with a warning: it rounds differently.
+// training data fingerprint ([19], TokenStream::fingerprint), training token count (int64 at [20]),
+// -ge ([22]), -r ([23])} then fp32 master weights, AdamW m, AdamW v, whole (whatever the number of
+// GPUs that wrote them, so a run saved on N GPUs resumes on M).
+//
+// The commit protocol: the model file is written first, then the state file, each atomically (temp
+// file, fsync, rename, folder fsync: fileio.h). The state file is the commit record: a checkpoint
+// is complete when its state file exists, and its model file was complete before that. A kill at
+// any instant of a save therefore leaves every earlier checkpoint as it was and, at most, a temp
+// file or a model file without its state file; neither counts as a checkpoint, and the next save
+// removes them. Pruning (keep the newest K) runs only after a new checkpoint is complete and removes
+// a checkpoint's state file before its model file.
+//
+// The run setup (B, T, seed, shuffle, training data) is recorded because the data position means
+// nothing under another one: resuming with a different setup is an error, never a silent change of
+// the data order. Another -ge or -r is allowed (a run may need -r 1 to fit a smaller GPU) with a
+// warning: it rounds differently.
 
 struct TrainState {
     int step = 0;  // completed optimizer steps
@@ -993,12 +1179,14 @@ inline bool write_model_file(const std::string& path, const GPTConfig& c, const 
     return write_file_atomic(path, {{h, sizeof(h)}, {params.data(), params.size() * sizeof(float)}}, error);
 }
 
-inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st) {
-    std::vector<float> params = gpt_params_fp32(m), am(m.num_params), av(m.num_params);
-    cuda_check(cudaMemcpy(am.data(), m.adam_m, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
-    cuda_check(cudaMemcpy(av.data(), m.adam_v, m.num_params * sizeof(float), cudaMemcpyDeviceToHost));
+// Writes checkpoint st.step into dir (model file, then state file: the commit). On failure (a full
+// disk, an I/O error) returns false with *error; nothing of this step is left behind and every
+// earlier checkpoint is untouched.
+inline bool write_checkpoint(const std::string& dir, const GPTConfig& config, const TrainState& st, const std::vector<float>& params,
+                             const std::vector<float>& adam_m, const std::vector<float>& adam_v, std::string* error) {
+    const size_t n = params.size(), bytes = n * sizeof(float);
     int32_t h[HEADER_INTS] = {STATE_MAGIC, STATE_VERSION, st.step, st.B, st.T};
-    put64(h, 8, m.num_params);
+    put64(h, 8, n);
     put64(h, 10, st.loader_epoch);
     put64(h, 12, st.loader_cursor);
     put64(h, 14, st.sampler_rng);
@@ -1007,81 +1195,118 @@ inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st
     h[19] = (int32_t)st.data_crc;
     put64(h, 20, st.data_tokens);
     h[22] = st.gelu_fusion, h[23] = st.recompute;
-    const size_t bytes = m.num_params * sizeof(float);
-    uint32_t crc = 0;
-    {
-        std::vector<int32_t> hz(h, h + HEADER_INTS);
-        crc = crc32(hz.data(), sizeof(h));
-        crc = crc32(params.data(), bytes, crc);
-        crc = crc32(am.data(), bytes, crc);
-        crc = crc32(av.data(), bytes, crc);
-    }
+    uint32_t crc = crc32(h, sizeof(h));  // with the crc slot (h[5]) still 0
+    crc = crc32(params.data(), bytes, crc);
+    crc = crc32(adam_m.data(), bytes, crc);
+    crc = crc32(adam_v.data(), bytes, crc);
     h[5] = (int32_t)crc;
-    std::string error;
-    if (!write_file_atomic(checkpoint_path(dir, "state", st.step), {{h, sizeof(h)}, {params.data(), bytes}, {am.data(), bytes}, {av.data(), bytes}}, &error) ||
-        !write_model_file(checkpoint_path(dir, "model", st.step), m.config, params, &error))
-        fail("writing checkpoint for step %d: %s", st.step, error.c_str());
-    printf("checkpoint: wrote %s and %s\n", checkpoint_path(dir, "model", st.step).c_str(),
-           checkpoint_path(dir, "state", st.step).c_str());
+    const std::string model_path = checkpoint_path(dir, "model", st.step);
+    if (!write_model_file(model_path, config, params, error)) return false;
+    if (!write_file_atomic(checkpoint_path(dir, "state", st.step),
+                           {{h, sizeof(h)}, {params.data(), bytes}, {adam_m.data(), bytes}, {adam_v.data(), bytes}}, error)) {
+        unlink(model_path.c_str());  // not committed: leave nothing of it
+        return false;
+    }
+    return true;
 }
 
-// Steps that have a state file in `dir`, newest first.
-inline std::vector<int> checkpoint_steps(const std::string& dir) {
-    std::vector<int> steps;
+// What an output folder holds: steps with a state file (checkpoints, newest first), steps with a
+// model file only (a save that was not committed), steps with a state file only (a save cut short by
+// an older version of this program, which wrote the state file first), and temp files of
+// interrupted writes.
+struct CheckpointScan {
+    std::vector<int> states, orphan_models, lone_states;
+    std::vector<std::string> temps;
+    bool has_leftovers() const { return !orphan_models.empty() || !lone_states.empty() || !temps.empty(); }
+};
+
+inline CheckpointScan scan_checkpoints(const std::string& dir) {
+    CheckpointScan scan;
+    std::vector<int> models;
     DIR* d = opendir(dir.c_str());
-    if (!d) return steps;
+    if (!d) return scan;
     while (dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
         int step = -1;
         char tail = 0;
-        if (sscanf(e->d_name, "state_%8d.bi%c", &step, &tail) == 2 && tail == 'n' && strlen(e->d_name) == 18 && step >= 0)
-            steps.push_back(step);
+        const bool state = name.rfind("state_", 0) == 0, model = name.rfind("model_", 0) == 0;
+        if (!state && !model) continue;
+        if (name.find(".tmp.") != std::string::npos) scan.temps.push_back(dir + "/" + name);
+        else if (name.size() == 18 && sscanf(name.c_str() + 6, "%8d.bi%c", &step, &tail) == 2 && tail == 'n' && step >= 0)
+            (state ? scan.states : models).push_back(step);
     }
     closedir(d);
-    std::sort(steps.rbegin(), steps.rend());
-    return steps;
+    std::sort(scan.states.rbegin(), scan.states.rend());
+    std::sort(models.begin(), models.end());
+    for (int step : models)
+        if (!std::binary_search(scan.states.rbegin(), scan.states.rend(), step)) scan.orphan_models.push_back(step);
+    for (int step : scan.states)
+        if (!std::binary_search(models.begin(), models.end(), step)) scan.lone_states.push_back(step);
+    return scan;
 }
 
-// Keeps the newest `keep` complete checkpoints; called only after a new one is complete. Also removes
-// temporary files a killed checkpoint write left behind (model_/state_*.tmp.*, gigabytes each).
+// Steps that have a checkpoint (a state file) in `dir`, newest first.
+inline std::vector<int> checkpoint_steps(const std::string& dir) { return scan_checkpoints(dir).states; }
+
+// Removes what interrupted saves left (temp files, lone model or state files), then keeps the newest
+// `keep` checkpoints. Called only after a new checkpoint is complete, or at the start of a run that
+// found nothing complete to resume from (keep = 0: leftovers only).
 inline void prune_checkpoints(const std::string& dir, int keep) {
-    if (DIR* d = opendir(dir.c_str())) {
-        std::vector<std::string> stale;
-        while (dirent* e = readdir(d)) {
-            const std::string name = e->d_name;
-            if ((name.rfind("model_", 0) == 0 || name.rfind("state_", 0) == 0) && name.find(".tmp") != std::string::npos)
-                stale.push_back(dir + "/" + name);
-        }
-        closedir(d);
-        for (const std::string& path : stale) unlink(path.c_str());
-    }
-    std::vector<int> steps = checkpoint_steps(dir);
-    for (size_t i = keep; i < steps.size(); i++) {
-        unlink(checkpoint_path(dir, "model", steps[i]).c_str());
-        unlink(checkpoint_path(dir, "state", steps[i]).c_str());
+    const CheckpointScan scan = scan_checkpoints(dir);
+    for (const std::string& path : scan.temps) unlink(path.c_str());
+    for (int step : scan.orphan_models) unlink(checkpoint_path(dir, "model", step).c_str());
+    for (int step : scan.lone_states) unlink(checkpoint_path(dir, "state", step).c_str());
+    int kept = 0;
+    for (int step : scan.states) {
+        if (std::find(scan.lone_states.begin(), scan.lone_states.end(), step) != scan.lone_states.end()) continue;
+        if (keep <= 0 || ++kept <= keep) continue;
+        unlink(checkpoint_path(dir, "state", step).c_str());  // the commit record first
+        unlink(checkpoint_path(dir, "model", step).c_str());
     }
 }
 
-// Loads the state file of `step` and its model file; false (with *error) when either is missing or
-// corrupt. Whether it fits this run's setup is the caller's check (check_resume_setup).
-inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, TrainState& st, std::string* error) {
-    if (!read_checkpoint(checkpoint_path(dir, "model", step), model, error)) return false;
+// Loads checkpoint `step` of dir: its state file (master weights, AdamW state, position) and the
+// model file's config. false with *error when it cannot be used; *incomplete tells a save that never
+// finished (no model file: a write cut short by an older version of this program) from a damaged
+// checkpoint. Whether it fits this run's setup is the caller's check.
+inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, TrainState& st, std::string* error,
+                            bool* incomplete) {
+    *incomplete = false;
+    const std::string model_path = checkpoint_path(dir, "model", step);
+    if (!file_exists(model_path)) {
+        *incomplete = true;
+        *error = "its model file " + model_path + " is missing (a save that did not finish)";
+        return false;
+    }
+    if (!read_checkpoint(model_path, model, error)) return false;
     const std::string path = checkpoint_path(dir, "state", step);
-    std::vector<uint8_t> bytes;
-    if (!read_whole_file(path, bytes, error)) return false;
-    const size_t n = model.params.size(), expected = HEADER_INTS * 4 + 3 * n * sizeof(float);
+    InputFile f;
+    if (!f.open_file(path, error)) return false;
+    const size_t n = model.params.size();
+    const uint64_t expected = HEADER_INTS * 4 + 3 * uint64_t(n) * sizeof(float);
     int32_t h[HEADER_INTS] = {};
-    if (bytes.size() >= sizeof(h)) memcpy(h, bytes.data(), sizeof(h));
-    if (bytes.size() < sizeof(h) || h[0] != STATE_MAGIC || h[1] != STATE_VERSION) {
+    if (f.size < sizeof(h) || !f.read_at(0, h, sizeof(h), error) || h[0] != STATE_MAGIC || h[1] != STATE_VERSION) {
         *error = "'" + path + "' is not a training-state file of this version";
         return false;
     }
-    if (bytes.size() != expected || get64(h, 8) != n) {
-        *error = "'" + path + "' has " + std::to_string(bytes.size()) + " bytes, expected " + std::to_string(expected);
+    if (f.size != expected || get64(h, 8) != n) {
+        *error = "'" + path + "' has " + std::to_string(f.size) + " bytes, expected " + std::to_string(expected);
         return false;
     }
-    std::vector<int32_t> hz(h, h + HEADER_INTS);
+    std::vector<float> params(n);
+    st.adam_m.resize(n), st.adam_v.resize(n);
+    const size_t bytes = n * sizeof(float);
+    if (!f.read_at(sizeof(h), params.data(), bytes, error) || !f.read_at(sizeof(h) + bytes, st.adam_m.data(), bytes, error) ||
+        !f.read_at(sizeof(h) + 2 * bytes, st.adam_v.data(), bytes, error))
+        return false;
+    int32_t hz[HEADER_INTS];
+    memcpy(hz, h, sizeof(h));
     hz[5] = 0;
-    if ((uint32_t)h[5] != crc32(bytes.data() + sizeof(h), bytes.size() - sizeof(h), crc32(hz.data(), sizeof(h)))) {
+    uint32_t crc = crc32(hz, sizeof(hz));
+    crc = crc32(params.data(), bytes, crc);
+    crc = crc32(st.adam_m.data(), bytes, crc);
+    crc = crc32(st.adam_v.data(), bytes, crc);
+    if ((uint32_t)h[5] != crc) {
         *error = "'" + path + "' fails its checksum (corrupt or partly written)";
         return false;
     }
@@ -1089,10 +1314,7 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
         *error = "'" + path + "' holds step " + std::to_string(h[2]) + ", its name says " + std::to_string(step);
         return false;
     }
-    const float* f = reinterpret_cast<const float*>(bytes.data() + sizeof(h));
-    model.params.assign(f, f + n);  // the fp32 master weights (exact), not the model file's copy
-    st.adam_m.assign(f + n, f + 2 * n);
-    st.adam_v.assign(f + 2 * n, f + 3 * n);
+    model.params = std::move(params);  // the fp32 master weights (exact), not the model file's copy
     st.step = step;
     st.loader_epoch = get64(h, 10), st.loader_cursor = get64(h, 12), st.sampler_rng = get64(h, 14);
     st.B = h[3], st.T = h[4], st.seed = (int64_t)get64(h, 16), st.shuffle = h[18];
@@ -1101,39 +1323,108 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     return true;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Sampling: generates `len` tokens after <|endoftext|>, one forward (B = 1) per token, sampling from
-// the softmax of the last position on the host with its own RNG (so sampling never changes training).
-
-inline std::vector<int> gpt_sample(GPT& m, int eot, int len, Rng& rng) {
-    const GPTConfig& c = m.config;
-    std::vector<int> tokens = {eot};
-    std::vector<floatX> logits(c.Vp);
-    std::vector<double> probs(c.V);
-    for (int i = 0; i < len; i++) {
-        const int T = (int)tokens.size();
-        gpt_set_batch(m, tokens.data(), nullptr, 1, T);
-        gpt_forward(m, 1, T, false, 0.0f);
-        cuda_check(cudaMemcpy(logits.data(), m.acts.logits + size_t(T - 1) * c.Vp, c.Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
-        double maxv = -1e30, sum = 0.0;
-        for (int v = 0; v < c.V; v++) maxv = std::max(maxv, (double)to_float(logits[v]));
-        for (int v = 0; v < c.V; v++) sum += probs[v] = std::exp(to_float(logits[v]) - maxv);
-        double r = rng.uniform() * sum;
-        int next = c.V - 1;
-        for (int v = 0; v < c.V; v++)
-            if ((r -= probs[v]) < 0) {
-                next = v;
-                break;
-            }
-        tokens.push_back(next);
-        if (T + 1 >= std::min(m.T, c.maxT)) break;  // the next forward would not fit the buffers
+// The newest usable checkpoint of dir for -y 1. Returns true with model and st filled; false when
+// there is none, with *damaged counting checkpoints that exist but cannot be loaded (a warning each:
+// the caller refuses to start over on top of them). Saves that never finished are skipped with a
+// warning and do not count: nothing complete is lost by starting over.
+inline bool find_resume_checkpoint(const std::string& dir, HostModel& model, TrainState& st, int* damaged, bool verbose) {
+    *damaged = 0;
+    std::string error;
+    for (int step : checkpoint_steps(dir)) {
+        bool incomplete = false;
+        if (load_checkpoint(dir, step, model, st, &error, &incomplete)) return true;
+        if (!incomplete) (*damaged)++;
+        if (verbose) fprintf(stderr, "warning: skipping checkpoint of step %d: %s\n", step, error.c_str());
     }
-    return tokens;
+    return false;
 }
 
-#ifndef TESTING
+// Writes a checkpoint of the model's current state (rank 0 writes; every rank takes part in the
+// gather). On a failed write the run ends with one line: the earlier checkpoints are intact.
+inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st) {
+    const std::vector<float> params = gpt_params_fp32(m), am = gpt_gather_shards(m, m.adam_m), av = gpt_gather_shards(m, m.adam_v);
+    if (m.dist && m.dist->rank != 0) return;
+    std::string error;
+    if (!write_checkpoint(dir, m.config, st, params, am, av, &error)) fail("writing checkpoint for step %d: %s", st.step, error.c_str());
+    printf("checkpoint: wrote %s and %s\n", checkpoint_path(dir, "model", st.step).c_str(), checkpoint_path(dir, "state", st.step).c_str());
+}
+
 // ---------------------------------------------------------------------------------------------
-// Command line. Flags follow llm.c's; every value is range-checked (no division by zero anywhere).
+// Generation: new tokens one at a time after a context, each drawn from the logits of the last
+// position on the host, in double, with its own RNG (so sampling never changes training).
+// gpt_reference.py generate does the same, step for step: temperature 0 takes the argmax (the lowest
+// id on ties); else the probabilities are softmax(logits / temperature) over the top-k ids (every id
+// with k = 0; ids tied with the k-th are kept), and a uniform draw walks the ids in increasing
+// order. The model sees at most the last min(maxT, the buffers' T) tokens (a sliding window). Each
+// forward runs over the context padded to a multiple of kGenerateBucket positions: causal attention
+// makes a position independent of the ones after it, and a few lengths keep the matmul plans few.
+
+struct SampleOptions {
+    float temperature = 1.0f;  // 0: greedy
+    int top_k = 0;             // 0: every id
+};
+
+// One draw from `logits` (V of them). `scratch` avoids an allocation per token.
+inline int sample_token(const std::vector<float>& logits, const SampleOptions& o, Rng& rng, std::vector<double>& scratch) {
+    const int V = (int)logits.size();
+    if (o.temperature <= 0.0f) return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    scratch.assign(logits.begin(), logits.end());
+    for (double& s : scratch) s /= o.temperature;
+    double cut = -INFINITY;  // ids below the k-th largest value are left out
+    if (o.top_k > 0 && o.top_k < V) {
+        std::vector<double> sorted(scratch);
+        std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
+        cut = sorted[o.top_k - 1];
+    }
+    const double max_s = *std::max_element(scratch.begin(), scratch.end());
+    double sum = 0.0;
+    int last_kept = 0;
+    for (int v = 0; v < V; v++) {
+        const bool kept = scratch[v] >= cut;
+        scratch[v] = kept ? std::exp(scratch[v] - max_s) : 0.0;
+        if (kept) last_kept = v;
+        sum += scratch[v];
+    }
+    double r = rng.uniform() * sum;
+    for (int v = 0; v < V; v++)
+        if ((r -= scratch[v]) < 0) return v;
+    return last_kept;  // rounding left r >= 0
+}
+
+constexpr int kGenerateBucket = 64;
+
+inline double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Appends `count` tokens to `tokens` (which holds the context, at least one token), calling
+// on_token(id) after each. Uses the model's buffers: a batch of one row of up to min(m.T, maxT).
+template <typename F>
+void gpt_generate(GPT& m, std::vector<int>& tokens, int count, const SampleOptions& o, Rng& rng, F on_token) {
+    const GPTConfig& c = m.config;
+    const int window = std::min(m.T, c.maxT), pad = tokens.empty() ? 0 : tokens.back();
+    std::vector<floatX> row(c.Vp);
+    std::vector<float> logits(c.V);
+    std::vector<double> scratch;
+    std::vector<int> batch;
+    for (int i = 0; i < count; i++) {
+        const int len = std::min((int)tokens.size(), window);
+        const int T = std::min(window, (len + kGenerateBucket - 1) / kGenerateBucket * kGenerateBucket);
+        batch.assign(tokens.end() - len, tokens.end());
+        batch.resize(T, pad);  // positions after the context do not affect it (causal attention)
+        gpt_set_batch(m, batch.data(), nullptr, 1, T);
+        gpt_forward(m, 1, T, false, 0.0f);
+        cuda_check(cudaMemcpy(row.data(), m.acts.logits + size_t(len - 1) * c.Vp, c.Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        for (int v = 0; v < c.V; v++) logits[v] = to_float(row[v]);
+        tokens.push_back(sample_token(logits, o, rng, scratch));
+        on_token(tokens.back());
+    }
+}
+
+#ifndef GPT_NO_MAIN
+// ---------------------------------------------------------------------------------------------
+// Command line. Flags follow llm.c's; every value is range-checked (no division by zero anywhere),
+// and a flag given twice is an error, not "the last one wins".
 
 struct Options {
     std::string train_path = "data/tinyshakespeare/tiny_shakespeare_train.bin";
@@ -1141,69 +1432,83 @@ struct Options {
     std::string tokenizer_path = "data/gpt2_tokenizer.bin";
     std::string model = "d12";
     std::string out_dir;
-    bool tokenizer_given = false;  // -z given: a missing file is an error, not "print token ids"
+    bool train_given = false, val_given = false, tokenizer_given = false, val_batches_given = false;
     int checkpoint_every = 0, checkpoint_keep = 2, resume = 0;
-    int B = 16, T = 1024, total_batch = 0, max_steps = 100;
+    int B = 16, T = 1024, max_steps = 100;
+    long total_batch = 0;
     float lr = 6e-4f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
     int warmup = 10, val_every = 20, val_batches = 20, sample_every = 50, gen_len = 64;
+    std::string prompt;
+    float temperature = 1.0f;
+    int top_k = 0;
     long seed = 1337;
     int shuffle = 1;
     int profile = 0;
     int flash = 1;
     int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT, overlap = OVERLAP_DEFAULT;
     int tune_wide = 0;
+    std::string rendezvous;
+    int stall_seconds = 600;
 };
 
 static void usage(const Options& d) {
     printf("usage: train_gpt_%s [flags]   (every flag takes a value)\n"
-           "  -i <file>   training tokens (default %s)\n"
-           "  -j <file>   validation tokens (default %s)\n"
+           "data and model\n"
+           "  -i <glob>   training tokens: a token file or a glob of shards, e.g. \"data/x/x_train_*.bin\" (default %s)\n"
+           "  -j <glob>   validation tokens (default: with -i, the files named like -i's with \"val\" for its last\n"
+           "              \"train\"; without -i, %s)\n"
            "  -z <file>   tokenizer, for printing samples (default %s)\n"
-           "  -e <model>  checkpoint file, or d6|d12|d24|d36|d48 for a fresh GPT-2 init (default %s)\n"
-           "  -o <dir>    output folder for checkpoints and main.log (default: none)\n"
+           "  -e <model>  d6|d12|d24|d36|d48 for a fresh GPT-2 init, or a model file: ours, or llm.c's\n"
+           "              (gpt2_124M.bin, fp32 or bf16) (default %s)\n"
+           "output\n"
+           "  -o <dir>    run folder: checkpoints, main.log and metrics.csv (default: none)\n"
            "  -n <int>    checkpoint every N steps, and at the end; 0 = only at the end when -o is set (default %d)\n"
            "  -nk <int>   keep the newest K checkpoints (default %d)\n"
-           "  -y <0|1>    resume from the newest valid checkpoint in -o (default %d)\n"
-           "  -b <int>    micro-batch size B (default %d)\n"
+           "  -y <0|1>    resume from the newest complete checkpoint in -o (default %d)\n"
+           "batch and schedule\n"
+           "  -b <int>    micro-batch size B, per GPU (default %d)\n"
            "  -t <int>    sequence length T, at most the model's maxT (default %d)\n"
-           "  -d <int>    total batch size in tokens, a multiple of B*T (default B*T: no accumulation)\n"
+           "  -d <int>    total batch size in tokens, a multiple of B*T*GPUs (default B*T*GPUs: no accumulation)\n"
            "  -x <int>    optimizer steps (default %d)\n"
            "  -l <float>  peak learning rate (default %g)\n"
            "  -u <int>    warmup steps, linear from 0 (default %d)\n"
            "  -q <float>  final learning rate as a fraction of -l, cosine decay (default %g)\n"
            "  -c <float>  weight decay of matrices and embeddings (default %g)\n"
            "  -gc <float> global gradient-norm clip, 0 = off (default %g)\n"
-           "  -v <int>    validation loss every N steps, 0 = never (default %d)\n"
-           "  -m <int>    validation batches, at most what the file holds (default %d)\n"
-           "  -s <int>    print a sample every N steps, 0 = never (default %d)\n"
-           "  -g <int>    tokens per sample (default %d)\n"
            "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
            "  -sh <0|1>   shuffle the training windows each epoch (default %d)\n"
-           "  -pf <0|1>   time every kernel family with CUDA events, print the breakdown at the end; the last\n"
-           "              step runs between cudaProfilerStart/Stop (for ncu --profile-from-start off) (default %d)\n"
+           "validation and samples\n"
+           "  -v <int>    validation loss every N steps, 0 = never (default %d)\n"
+           "  -m <int>    validation batches, at most what the data holds (default %d)\n"
+           "  -s <int>    print a sample every N steps, 0 = never (default %d)\n"
+           "  -g <int>    tokens per sample (default %d)\n"
+           "  -p <text>   prompt of the samples, after <|endoftext|> (default: none)\n"
+           "  -tp <float> sampling temperature, 0 = greedy (default %g)\n"
+           "  -k <int>    sample from the top-k tokens only, 0 = all (default %d)\n"
+           "speed and memory\n"
            "  -fa <0|1>   flash attention where it runs (bf16 builds, head size 64/80/128), else cuBLAS attention (default %d)\n"
            "  -ge <0|1|2> GELU in cuBLASLt matmul epilogues: 0 = separate GELU kernels, 1 = fused in the forward,\n"
-           "              2 = forward and backward (default %d: 2 in bf16 builds; 0 in fp32 builds, the exact reference,\n"
-           "              which keep their own tanh kernel; shapes cuBLASLt cannot fuse take the kernels either way)\n"
-           "  -r <0|1>    1 = recompute GELU in the backward instead of keeping its output: saves (L-1)*B*T*4C\n"
-           "              activations (1.0 GiB at d12 B=16 T=1024 bf16, 4.1 GiB at B=64) for one GELU kernel per\n"
-           "              layer in the backward (~0.9 ms a step at B=16 on an H100, ~2.5%%) (default %d: speed\n"
-           "              first, as d12 fits at B=64 on an 80 GB GPU; llm.c's default is 1; take 1 when memory\n"
-           "              limits B. With -ge 1/2 the recomputed GELU (our kernel, on the stored pre-activation)\n"
-           "              can differ from the epilogue's by rounding: -r 1 is then not bit-identical to -r 0)\n"
-           "  -ov <0|1>   1 = the backward's weight gradients on a second stream, overlapped with the data\n"
-           "              gradients: the same bits, faster; the -pf breakdown then times the default stream's\n"
-           "              kernels with the overlapped work inside their spans (default %d)\n"
-           "  -tw <0|1>   1 = tune each cuBLASLt matmul also over the configurations around its heuristic's few\n"
-           "              (up to 3 s a shape, ~40 s more at start for d12), printing what each kept; the same\n"
-           "              bits, ~1%% faster steps at B=64 on an H100 (default %d)\n"
+           "              2 = forward and backward (default %d; fp32 builds, the exact reference, keep 0)\n"
+           "  -r <0|1>    1 = recompute GELU in the backward instead of keeping it: saves (L-1)*B*T*4C activations\n"
+           "              (4.1 GiB at d12 B=64 bf16) for ~2.5%% of the step; with -ge 1/2 not bit-identical to -r 0 (default %d)\n"
+           "  -ov <0|1>   1 = the backward's weight gradients on a second stream, overlapped: the same bits (default %d)\n"
+           "  -tw <0|1>   1 = tune each matmul also over the configurations around cuBLASLt's heuristic (up to 3 s\n"
+           "              a shape at start): the same bits, ~1%% faster at B=64 on an H100 (default %d)\n"
+           "  -pf <0|1>   time every kernel family with CUDA events and print the breakdown at the end; the last\n"
+           "              step runs between cudaProfilerStart/Stop (ncu --profile-from-start off) (default %d)\n"
+           "several GPUs (one process each, started by mpirun, srun, torchrun or scripts/launch.sh)\n"
+           "  -rz <where> where rank 0 listens: HOST:PORT, or file:PATH on a file system every node sees\n"
+           "              (default: MASTER_ADDR:MASTER_PORT, or this host when every rank runs here)\n"
+           "  -wt <int>   end every rank when a step makes no progress for this many seconds, 0 = never (default %d)\n"
            "  -h          this help\n"
            "Each step prints loss, grad norm, lr, time, tokens/s and MFU = 6*N + 12*L*C*T FLOPs per token\n"
-           "(PaLM's count) over the peak of an H100 SXM (989 TFLOP/s dense bf16; 67 TFLOP/s fp32).\n",
+           "(PaLM's count) over the peak of an H100 SXM (989 TFLOP/s dense bf16; 67 TFLOP/s fp32), per GPU.\n"
+           "SIGTERM or SIGINT (Ctrl-C): the step in progress finishes, a checkpoint is written when -o is set,\n"
+           "and the program exits with code 75; a second signal ends it at once.\n",
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
-           d.weight_decay, d.grad_clip, d.val_every, d.val_batches, d.sample_every, d.gen_len, d.seed, d.shuffle, d.profile, d.flash,
-           d.gelu_fusion, d.recompute, d.overlap, d.tune_wide);
+           d.weight_decay, d.grad_clip, d.seed, d.shuffle, d.val_every, d.val_batches, d.sample_every, d.gen_len,
+           d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.profile, d.stall_seconds);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -1213,23 +1518,30 @@ static Options parse_options(int argc, char** argv) {
             usage(o);
             exit(0);
         }
+    std::vector<std::string> seen;
     for (int i = 1; i < argc; i += 2) {
         const std::string f = argv[i];
         if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like -b 4; -h lists them)", argv[i]);
         if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
+        if (std::find(seen.begin(), seen.end(), f) != seen.end()) fail("flag %s is given twice", argv[i]);
+        seen.push_back(f);
         const char* v = argv[i + 1];
         const char* fl = argv[i];
-        if (f == "-i") o.train_path = v;
-        else if (f == "-j") o.val_path = v;
-        else if (f == "-z") o.tokenizer_path = v, o.tokenizer_given = true;
-        else if (f == "-e") o.model = v;
-        else if (f == "-o") o.out_dir = v;
+        auto path = [&](std::string& out) {
+            if (!*v) fail("flag %s: expected a path, got an empty string", fl);
+            out = v;
+        };
+        if (f == "-i") path(o.train_path), o.train_given = true;
+        else if (f == "-j") path(o.val_path), o.val_given = true;
+        else if (f == "-z") path(o.tokenizer_path), o.tokenizer_given = true;
+        else if (f == "-e") path(o.model);
+        else if (f == "-o") path(o.out_dir);
         else if (f == "-n") o.checkpoint_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-nk") o.checkpoint_keep = (int)parse_int_flag(fl, v, 1, 1 << 20);
         else if (f == "-y") o.resume = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-b") o.B = (int)parse_int_flag(fl, v, 1, 4096);
         else if (f == "-t") o.T = (int)parse_int_flag(fl, v, 1, 65536);
-        else if (f == "-d") o.total_batch = (int)parse_int_flag(fl, v, 1, 1 << 30);
+        else if (f == "-d") o.total_batch = parse_int_flag(fl, v, 1, 1 << 30);
         else if (f == "-x") o.max_steps = (int)parse_int_flag(fl, v, 1, 1 << 30);
         else if (f == "-l") o.lr = (float)parse_float_flag(fl, v, 0.0, 10.0);
         else if (f == "-u") o.warmup = (int)parse_int_flag(fl, v, 0, 1 << 30);
@@ -1237,9 +1549,12 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-c") o.weight_decay = (float)parse_float_flag(fl, v, 0.0, 10.0);
         else if (f == "-gc") o.grad_clip = (float)parse_float_flag(fl, v, 0.0, 1e6);
         else if (f == "-v") o.val_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
-        else if (f == "-m") o.val_batches = (int)parse_int_flag(fl, v, 1, 1 << 20);
+        else if (f == "-m") o.val_batches = (int)parse_int_flag(fl, v, 1, 1 << 20), o.val_batches_given = true;
         else if (f == "-s") o.sample_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-g") o.gen_len = (int)parse_int_flag(fl, v, 1, 65536);
+        else if (f == "-p") o.prompt = v;
+        else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);
+        else if (f == "-k") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);
         else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);
         else if (f == "-sh") o.shuffle = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-pf") o.profile = (int)parse_int_flag(fl, v, 0, 1);
@@ -1248,27 +1563,65 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-r") o.recompute = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-ov") o.overlap = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-tw") o.tune_wide = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-rz") path(o.rendezvous);
+        else if (f == "-wt") o.stall_seconds = (int)parse_int_flag(fl, v, 0, 1 << 24);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
     }
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
-    if (o.total_batch == 0) o.total_batch = o.B * o.T;
-    if (o.total_batch % (o.B * o.T) != 0)
-        fail("-d %d: the total batch size must be a multiple of B*T = %d", o.total_batch, o.B * o.T);
     if (o.resume && o.out_dir.empty()) fail("-y 1 resumes from the output folder: give it with -o");
     if (o.checkpoint_every > 0 && o.out_dir.empty()) fail("-n %d writes checkpoints into the output folder: give it with -o", o.checkpoint_every);
     return o;
 }
 
-// Creates the output folder if needed and proves it is writable, before any GPU work.
-static void prepare_out_dir(const std::string& dir) {
-    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create output folder '%s': %s", dir.c_str(), strerror(errno));
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) fail("output path '%s' is not a folder", dir.c_str());
+// The output folder is checked before anything else, and made only once every input is valid, so a
+// run that fails validation leaves nothing behind. An existing folder must take a file (one is
+// written and removed); a missing one must be creatable: with probe_only it and its missing parents
+// are made and removed again, else made (and returned, outermost first).
+static std::vector<std::string> missing_folders(const std::string& dir) {  // outermost first
+    std::vector<std::string> missing;
+    for (std::string p = dir; !p.empty() && p != "/" && p != "."; ) {
+        struct stat st;
+        if (stat(p.c_str(), &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) fail("output path '%s': '%s' is not a folder", dir.c_str(), p.c_str());
+            break;
+        }
+        missing.insert(missing.begin(), p);
+        const size_t slash = p.find_last_of('/', p.size() - 1);
+        p = slash == std::string::npos ? "" : p.substr(0, slash);
+    }
+    return missing;
+}
+static std::vector<std::string> make_out_dir(const std::string& dir, bool probe_only) {
+    const std::vector<std::string> missing = missing_folders(dir);
+    size_t made = 0;
+    for (; made < missing.size(); made++)
+        if (mkdir(missing[made].c_str(), 0755) != 0 && errno != EEXIST) break;
+    if (made < missing.size()) {
+        const int err = errno;
+        while (made-- > 0) rmdir(missing[made].c_str());
+        fail("cannot create output folder '%s': %s", dir.c_str(), strerror(err));
+    }
     const std::string probe = dir + "/.write_test";
     std::string error;
     const char byte = 0;
-    if (!write_file_atomic(probe, {{&byte, 1}}, &error)) fail("output folder '%s' is not writable: %s", dir.c_str(), error.c_str());
+    const bool ok = write_file_atomic(probe, {{&byte, 1}}, &error);
     unlink(probe.c_str());
+    if (probe_only)
+        for (size_t i = missing.size(); i-- > 0;) rmdir(missing[i].c_str());
+    if (!ok) fail("output folder '%s' is not writable: %s", dir.c_str(), error.c_str());
+    return missing;  // the folders it made
+}
+
+// The validation data beside -i's: the same pattern with "val" for the last "train" of its file name.
+static std::string validation_beside(const std::string& train) {
+    const size_t slash = train.find_last_of('/'), name = slash == std::string::npos ? 0 : slash + 1;
+    const size_t at = train.rfind("train");
+    if (at == std::string::npos || at < name) return "";
+    return train.substr(0, at) + "val" + train.substr(at + 5);
+}
+
+static bool looks_like_descriptor(const std::string& s) {
+    return s.size() >= 2 && s[0] == 'd' && std::all_of(s.begin() + 1, s.end(), [](char c) { return isdigit((unsigned char)c); });
 }
 
 static float learning_rate(const Options& o, int step) {  // step counts from 0
@@ -1287,45 +1640,73 @@ static std::string format_duration(double seconds) {
     return buf;
 }
 
-static double now_seconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+// Preemption: the first SIGTERM or SIGINT asks the training loop to stop after the step in progress
+// (and write a checkpoint when -o is set); a second one ends the process at once, the default way.
+constexpr int kExitStopped = 75;  // EX_TEMPFAIL: stopped early by a signal, resume with -y 1
+static volatile sig_atomic_t g_stop_signal = 0;
+static void on_stop_signal(int sig) {
+    if (g_stop_signal) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    g_stop_signal = sig;
 }
 
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     const Options o = parse_options(argc, argv);
+    Dist dist;
+    dist_from_env(dist);
+    const bool lead = dist.rank == 0;  // rank 0 alone prints, logs, samples and writes
+#if defined(NO_NCCL)
+    if (dist.multi()) fail("%s started %d ranks, but this build has no NCCL (install it and rebuild)", dist.launcher.c_str(), dist.world);
+#endif
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
 
-    // 1. Validate every input on the host.
+    // 1. Validate every input on the host. Nothing touches the GPU, and nothing is written, before
+    // every flag, file and folder has been checked.
+    const int accum = micro_steps_per_rank(o.total_batch ? o.total_batch : long(o.B) * o.T * dist.world, o.B, o.T, dist.world);
+    if (accum == 0)
+        fail("-d %ld: the total batch size must be a multiple of B*T*GPUs = %d*%d*%d = %ld", o.total_batch, o.B, o.T, dist.world,
+             long(o.B) * o.T * dist.world);
+    const long total_batch = long(accum) * o.B * o.T * dist.world;
     HostModel host;
     TrainState state;
     std::string error;
     bool resumed = false;
-    if (!o.out_dir.empty()) prepare_out_dir(o.out_dir);
+    CheckpointScan scan;
+    if (!o.out_dir.empty()) {
+        make_out_dir(o.out_dir, true);
+        scan = scan_checkpoints(o.out_dir);
+    }
     // A new run must not share a folder with another run's checkpoints: pruning keeps the highest
     // steps, so it would delete this run's own checkpoints, and -y 1 would take the other run's.
-    if (!o.out_dir.empty() && !o.resume && !checkpoint_steps(o.out_dir).empty())
+    if (!o.resume && !scan.states.empty())
         fail("output folder '%s' already holds checkpoints (newest: step %d): resume with -y 1, or give another -o",
-             o.out_dir.c_str(), checkpoint_steps(o.out_dir)[0]);
+             o.out_dir.c_str(), scan.states[0]);
     if (o.resume) {
-        const std::vector<int> steps = checkpoint_steps(o.out_dir);
-        for (int step : steps) {
-            if (load_checkpoint(o.out_dir, step, host, state, &error)) {
-                resumed = true;
-                break;
-            }
-            fprintf(stderr, "warning: skipping checkpoint of step %d: %s\n", step, error.c_str());
-        }
-        // Starting over in that folder would overwrite the run's files with a new run's.
-        if (!resumed && !steps.empty())
+        int damaged = 0;
+        resumed = find_resume_checkpoint(o.out_dir, host, state, &damaged, lead);
+        // Starting over there would overwrite a run's complete (if damaged) checkpoints.
+        if (!resumed && damaged > 0)
             fail("none of the %zu checkpoints in '%s' can be loaded (see the warnings): move them away to start over",
-                 steps.size(), o.out_dir.c_str());
-        if (!resumed) printf("no checkpoint in %s: starting from -e %s\n", o.out_dir.c_str(), o.model.c_str());
+                 scan.states.size(), o.out_dir.c_str());
+        if (!resumed && lead) {
+            if (scan.states.empty() && !scan.has_leftovers()) printf("no checkpoint in %s: starting from -e %s\n", o.out_dir.c_str(), o.model.c_str());
+            else fprintf(stderr, "warning: no complete checkpoint in %s (only what interrupted saves left): starting from -e %s\n",
+                         o.out_dir.c_str(), o.model.c_str());
+        }
         if (resumed && (state.B != o.B || state.T != o.T || state.seed != o.seed || state.shuffle != o.shuffle))
             fail("the checkpoint of step %d in '%s' was written with -b %d -t %d -sd %lld -sh %d: resume with the same flags "
                  "(given -b %d -t %d -sd %lld -sh %d)",
                  state.step, o.out_dir.c_str(), state.B, state.T, (long long)state.seed, state.shuffle, o.B, o.T,
                  (long long)o.seed, o.shuffle);
-        if (resumed && (state.gelu_fusion != o.gelu_fusion || state.recompute != o.recompute))
+        if (resumed && lead && (state.gelu_fusion != o.gelu_fusion || state.recompute != o.recompute))
             fprintf(stderr, "warning: the checkpoint of step %d was written with -ge %d -r %d, this run has -ge %d -r %d: "
                     "its losses will differ in rounding from an uninterrupted run\n", state.step, state.gelu_fusion,
                     state.recompute, o.gelu_fusion, o.recompute);
@@ -1336,33 +1717,50 @@ int main(int argc, char** argv) {
     }
     // A descriptor's random init (seconds for d12) waits until every other input has been checked.
     const bool fresh_init = !resumed && config_from_descriptor(o.model, host.config);
-    if (!resumed && !fresh_init && !read_checkpoint(o.model, host, &error)) fail("-e %s: %s", o.model.c_str(), error.c_str());
+    if (!resumed && !fresh_init) {
+        if (looks_like_descriptor(o.model) && !file_exists(o.model))
+            fail("-e %s: no such model file, and not a model name (d6, d12, d24, d36, d48)", o.model.c_str());
+        if (!read_checkpoint(o.model, host, &error)) fail("-e %s: %s", o.model.c_str(), error.c_str());
+    }
     const GPTConfig& c = host.config;
     if (o.T > c.maxT) fail("-t %d is larger than the model's maximum sequence length %d", o.T, c.maxT);
+    TokenStream train_data, val_data;
+    if (!train_data.open(o.train_path, c.V, &error)) fail("-i %s: %s", o.train_path.c_str(), error.c_str());
     DataLoader train, val;
-    train.init(read_token_file(o.train_path, c.V), o.B, o.T, o.shuffle != 0, (uint64_t)o.seed);
-    if (o.val_every > 0) {  // -v 0 never validates: the file is not needed
+    train.init(train_data, o.B, o.T, o.shuffle != 0, (uint64_t)o.seed, "-i", (uint64_t)dist.world);
+    // Small data is read whole now (its fingerprint), so a bad token id fails before any GPU work;
+    // a large corpus is checked as its windows are read.
+    const uint64_t data_tokens = train_data.total;
+    const uint32_t data_crc = train_data.fingerprint();
+    std::string val_path = o.val_path;
+    if (o.val_every > 0) {  // -v 0 never validates: no validation data is needed
+        if (o.train_given && !o.val_given) {
+            val_path = validation_beside(o.train_path);
+            const std::vector<std::string> found = val_path.empty() ? std::vector<std::string>() : expand_glob(val_path);
+            if (found.empty() || !file_exists(found[0]))
+                fail("-i %s: no validation data beside it%s%s%s: give -j, or -v 0 to train without validation", o.train_path.c_str(),
+                     val_path.empty() ? "" : " (looked for '", val_path.c_str(), val_path.empty() ? "" : "')");
+        }
+        if (!val_data.open(val_path, c.V, &error)) fail("-j %s: %s", val_path.c_str(), error.c_str());
+        if (val_data.total <= TokenStream::kFullCrcTokens) val_data.fingerprint();  // reads (and checks) every token
         // Validation batches take up to B rows of T tokens: a small validation file (Tiny
         // Shakespeare's 32,768 tokens) still serves a large B with fewer rows per batch.
-        TokenFile val_file = read_token_file(o.val_path, c.V);
-        const int val_rows = (int)std::min<size_t>(o.B, (val_file.tokens.size() - 1) / o.T);
+        const int val_rows = (int)std::min<uint64_t>(o.B, (val_data.total - 1) / o.T);
         if (val_rows < 1)
-            fail("validation file '%s' has %zu tokens, fewer than T+1 = %d (use a smaller -t, or -v 0)", o.val_path.c_str(),
-                 val_file.tokens.size(), o.T + 1);
-        val.init(std::move(val_file), val_rows, o.T, false, 0);
+            fail("-j %s has %llu tokens, fewer than T+1 = %d (use a smaller -t, or -v 0)", val_path.c_str(),
+                 (unsigned long long)val_data.total, o.T + 1);
+        val.init(val_data, val_rows, o.T, false, 0, "-j");
     }
-    const uint64_t data_tokens = train.file.tokens.size();
-    const uint32_t data_crc = crc32(train.file.tokens.data(), data_tokens * sizeof(uint16_t));
     if (resumed) {
         if (state.data_tokens != data_tokens || state.data_crc != data_crc)
-            fail("-i '%s' (%llu tokens, crc32 %08x) is not the training data of the checkpoint of step %d (%llu tokens, "
-                 "crc32 %08x)", o.train_path.c_str(), (unsigned long long)data_tokens, data_crc, state.step,
+            fail("-i '%s' (%llu tokens, fingerprint %08x) is not the training data of the checkpoint of step %d (%llu tokens, "
+                 "fingerprint %08x)", o.train_path.c_str(), (unsigned long long)data_tokens, data_crc, state.step,
                  (unsigned long long)state.data_tokens, state.data_crc);
         if (state.loader_cursor > train.windows)  // only a damaged or hand-made state file gets here
-            fail("checkpoint data position %llu is beyond the %zu windows of '%s'", (unsigned long long)state.loader_cursor,
-                 train.windows, o.train_path.c_str());
+            fail("checkpoint data position %llu is beyond the %llu windows of '%s'", (unsigned long long)state.loader_cursor,
+                 (unsigned long long)train.windows, o.train_path.c_str());
         train.seek(state.loader_epoch, state.loader_cursor);
-        printf("resuming from step %d in %s\n", state.step, o.out_dir.c_str());
+        if (lead) printf("resuming from step %d in %s\n", state.step, o.out_dir.c_str());
     }
     state.B = o.B, state.T = o.T, state.seed = o.seed, state.shuffle = o.shuffle;
     state.gelu_fusion = o.gelu_fusion, state.recompute = o.recompute;
@@ -1370,51 +1768,119 @@ int main(int argc, char** argv) {
     Tokenizer tokenizer;
     const bool have_tokenizer = o.tokenizer_given || file_exists(o.tokenizer_path);
     if (have_tokenizer) tokenizer = read_tokenizer(o.tokenizer_path);
-    else if (o.sample_every > 0) fprintf(stderr, "warning: no tokenizer at %s: samples print token ids\n", o.tokenizer_path.c_str());
     if (have_tokenizer && tokenizer.vocab_size != c.V)
         fail("tokenizer '%s' has %d tokens, the model %d", o.tokenizer_path.c_str(), tokenizer.vocab_size, c.V);
+    if (!o.prompt.empty() && !have_tokenizer)
+        fail("-p needs the tokenizer (-z %s is missing): prepare it with data/prepare_tinyshakespeare.py", o.tokenizer_path.c_str());
+    if (lead && o.sample_every > 0 && !have_tokenizer)
+        fprintf(stderr, "warning: no tokenizer at %s: samples print token ids\n", o.tokenizer_path.c_str());
     const int eot = have_tokenizer && tokenizer.eot_token >= 0 ? tokenizer.eot_token : c.V - 1;
-    if (fresh_init) host = random_init(host.config, (uint64_t)o.seed);
-    const int accum = o.total_batch / (o.B * o.T);
-    const int val_batches = (int)std::min<size_t>(o.val_batches, val.windows);  // 0 when -v 0
+    std::vector<int> sample_context = {eot};
+    if (!o.prompt.empty()) {
+        const std::vector<int> p = tokenizer_encode(tokenizer, o.prompt);
+        sample_context.insert(sample_context.end(), p.begin(), p.end());
+    }
+    const int start_step = resumed ? state.step : 0;
+    if (lead && o.warmup >= o.max_steps && start_step < o.max_steps)
+        fprintf(stderr, "warning: -u %d warm-up steps of -x %d: the learning rate never reaches -l %g (it peaks at %g)\n",
+                o.warmup, o.max_steps, o.lr, learning_rate(o, o.max_steps - 1));
+    const int val_batches = (int)std::min<uint64_t>(o.val_batches, val.windows);  // 0 when -v 0
+    if (lead && o.val_every > 0 && o.val_batches_given && val_batches < o.val_batches)
+        fprintf(stderr, "warning: -m %d: the validation data holds %d batches of %dx%d tokens; validating on those\n",
+                o.val_batches, val_batches, val.B, o.T);
 
-    // 2. The GPU.
+    // Several GPUs: the ranks meet, and each is refused unless its run setup is rank 0's.
+    if (dist.multi()) {
+        char setup[kSetupChars];
+        snprintf(setup, sizeof(setup), "-i=%s -j=%s -e=%s -o=%s -y=%d -b=%d -t=%d -d=%ld -x=%d -l=%g -u=%d -q=%g -c=%g -gc=%g -sd=%ld "
+                 "-sh=%d -v=%d -m=%d -n=%d -nk=%d -fa=%d -ge=%d -r=%d -ov=%d -tw=%d -pf=%d data=%llu:%08x resumed-step=%d",
+                 o.train_path.c_str(), val_path.c_str(), o.model.c_str(), o.out_dir.c_str(), o.resume, o.B, o.T, total_batch, o.max_steps,
+                 o.lr, o.warmup, o.final_lr_frac, o.weight_decay, o.grad_clip, o.seed, o.shuffle, o.val_every, o.val_batches,
+                 o.checkpoint_every, o.checkpoint_keep, o.flash, o.gelu_fusion, o.recompute, o.overlap, o.tune_wide, o.profile,
+                 (unsigned long long)data_tokens, data_crc, resumed ? state.step : -1);
+#if !defined(NO_NCCL)
+        dist_rendezvous(dist, o.rendezvous, setup, [] {
+            ncclUniqueId id;
+            nccl_check(ncclGetUniqueId(&id));
+            return id;
+        });
+#endif
+        dist_start_watchdog(dist, o.stall_seconds);
+    }
+
+    if (fresh_init) host = random_init(host.config, (uint64_t)o.seed);
+
+    // 2. The GPU: one per rank, the rank's local index on its node.
     if (!cuda_device_available()) fail("no CUDA device found (train_gpt needs a GPU)");
+    int devices = 0;
+    cuda_check(cudaGetDeviceCount(&devices));
+    if (dist.local_rank >= devices)
+        fail("rank %d has local rank %d, but this node has %d GPUs: start at most one rank per GPU", dist.rank, dist.local_rank, devices);
+    cuda_check(cudaSetDevice(dist.local_rank));
     cudaDeviceProp prop;
-    cuda_check(cudaGetDeviceProperties(&prop, 0));
+    cuda_check(cudaGetDeviceProperties(&prop, dist.local_rank));
+    // Inputs are valid and there is a GPU: the output folder is made now (removed again, if still
+    // empty, should the run fail), and what interrupted saves left in it is removed.
+    if (!o.out_dir.empty() && lead) {
+        static std::vector<std::string> made;
+        made = make_out_dir(o.out_dir, false);
+        atexit([] {
+            for (size_t i = made.size(); i-- > 0;) rmdir(made[i].c_str());  // only empty folders go
+        });
+        if (!resumed && scan.has_leftovers()) prune_checkpoints(o.out_dir, 0);
+    }
+#if !defined(NO_NCCL)
+    dist_init_nccl(dist);
+#endif
     GPT m;
+    m.dist = &dist;
     profiler().on = o.profile != 0;
-    blas().tune_wide = blas().tune_print = o.tune_wide != 0;  // -tw 1 prints what each plan's tuning kept
+    blas().tune_wide = o.tune_wide != 0;
+    blas().tune_print = o.tune_wide != 0 && lead;  // -tw 1 prints what each plan's tuning kept
     gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute, o.overlap);
     if (resumed) {
-        cuda_check(cudaMemcpy(m.adam_m, state.adam_m.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
-        cuda_check(cudaMemcpy(m.adam_v, state.adam_v.data(), m.num_params * sizeof(float), cudaMemcpyHostToDevice));
+        gpt_set_optimizer_state(m, state.adam_m, state.adam_v);
         state.adam_m = std::vector<float>(), state.adam_v = std::vector<float>();
     }
     host.params = std::vector<float>();
     const size_t real_params = m.num_params - size_t(c.Vp - c.V) * c.C;
     const double flops_per_token = 6.0 * real_params + 12.0 * c.L * c.C * o.T;
     const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
-    printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, matmul "
-           "tuning -tw %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
-           prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, (int)m.overlap, o.tune_wide,
-           c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
-    printf("batch: B=%d T=%d, total %d tokens per step (%d micro-steps) | train %zu tokens (%zu windows), val %zu tokens "
-           "(%d batches)\n",
-           o.B, o.T, o.total_batch, accum, train.file.tokens.size(), train.windows, val.file.tokens.size(), val_batches);
-    if (o.val_every > 0 && val.B < o.B) printf("validation batches hold %d rows of T (the file is small)\n", val.B);
-    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s\n",
-           m.bytes_allocated / 1073741824.0, m.recompute ? " (-r 1: GELU output of one layer, not L)" : "");
+    const size_t optimizer_bytes = (shard_size(m.num_params, dist.world)) * sizeof(float) * (m.master ? 3 : 2);
+    if (lead) {
+        printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, matmul "
+               "tuning -tw %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
+               prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, (int)m.overlap, o.tune_wide,
+               c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
+        if (dist.multi())
+            printf("data parallel: %d ranks (%s), optimizer state sharded (ZeRO-1): %.2f GiB per GPU instead of %.2f\n", dist.world,
+                   dist.launcher.c_str(), optimizer_bytes / 1073741824.0,
+                   m.num_params * sizeof(float) * (m.master ? 3 : 2) / 1073741824.0);
+        printf("batch: B=%d T=%d x %d GPUs, total %ld tokens per step (%d micro-steps per GPU) | train %llu tokens (%llu windows, "
+               "%zu files), val %llu tokens (%d batches)\n",
+               o.B, o.T, dist.world, total_batch, accum, (unsigned long long)train_data.total, (unsigned long long)train.windows,
+               train_data.shards.size(), (unsigned long long)val_data.total, val_batches);
+        if (o.val_every > 0 && val.B < o.B) printf("validation batches hold %d rows of T (the data is small)\n", val.B);
+        printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s\n",
+               m.bytes_allocated / 1073741824.0, m.recompute ? " (-r 1: GELU output of one layer, not L)" : "");
+    }
+    // The run folder's logs: main.log in llm.c's form ("s:STEP trl:LOSS" / "s:STEP tel:LOSS") and
+    // metrics.csv (a header, then a row per step and per validation; scripts/plot_runs.py reads it).
     FILE* log = nullptr;
-    if (!o.out_dir.empty()) {
-        const std::string log_path = o.out_dir + "/main.log";
+    FILE* metrics = nullptr;
+    if (!o.out_dir.empty() && lead) {
+        const std::string log_path = o.out_dir + "/main.log", csv_path = o.out_dir + "/metrics.csv";
+        const bool csv_new = !file_exists(csv_path);
         log = fopen(log_path.c_str(), "a");
-        if (!log) fail("cannot open '%s' for appending: %s", log_path.c_str(), strerror(errno));
+        metrics = fopen(csv_path.c_str(), "a");
+        if (!log || !metrics) fail("cannot open '%s' for appending: %s", (log ? csv_path : log_path).c_str(), strerror(errno));
+        if (csv_new) fprintf(metrics, "step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n"), fflush(metrics);
     }
 
     AdamWConfig adam;
     adam.weight_decay = o.weight_decay;
     Rng sampler(state.sampler_rng ? state.sampler_rng : (uint64_t)o.seed ^ 0x5DEECE66Dull);
+    const SampleOptions sample_options{o.temperature, o.top_k};
     std::vector<int> inputs, targets;
     std::vector<double> step_ms;
     float last_val = NAN, train_loss = NAN;
@@ -1424,30 +1890,78 @@ int main(int argc, char** argv) {
     auto validate = [&](int step) {
         val.seek(0, 0);
         double sum = 0.0;
-        for (int i = 0; i < val_batches; i++) {
+        for (int i = 0; i < val_batches; i++) {  // on several GPUs, batch i on rank i % world
             val.next(inputs, targets);
+            if (i % dist.world != dist.rank) continue;
             gpt_set_batch(m, inputs.data(), targets.data(), val.B, o.T);
             gpt_forward(m, val.B, o.T, true, 0.0f);
             sum += gpt_mean_loss(m, val.B, o.T);
         }
+#if !defined(NO_NCCL)
+        sum = dist_sum(dist, sum);
+#endif
         last_val = (float)(sum / val_batches);
+        dist_progress(dist);
+        if (!lead) return;
         printf("step %5d | val loss %.6f\n", step, last_val);
         if (log) fprintf(log, "s:%d tel:%.6f\n", step, last_val), fflush(log);
+        if (metrics) fprintf(metrics, "%d,,%.6f,,,,\n", step, last_val), fflush(metrics);
     };
     auto sample = [&](int step) {
-        std::vector<int> tokens = gpt_sample(m, eot, o.gen_len, sampler);
+        if (!lead) return;  // the others go on to the next step's first collective and wait there
+        std::vector<int> tokens = sample_context;
         printf("step %5d | sample:\n---\n", step);
-        for (size_t i = 1; i < tokens.size(); i++) {
-            if (have_tokenizer) fputs(tokenizer_decode(tokenizer, tokens[i]).c_str(), stdout);
-            else printf("%d ", tokens[i]);
-        }
+        if (have_tokenizer)
+            for (size_t i = 1; i < tokens.size(); i++) fputs(tokenizer_decode(tokenizer, tokens[i]).c_str(), stdout);
+        const bool tune = blas().tune;
+        blas().tune = false;  // sampling's shapes are not worth a tuning pass (the bits are the same)
+        gpt_generate(m, tokens, o.gen_len, sample_options, sampler, [&](int id) {
+            if (have_tokenizer) fputs(tokenizer_decode(tokenizer, id).c_str(), stdout);
+            else printf("%d ", id);
+        });
+        blas().tune = tune;
         printf("\n---\n");
     };
     auto checkpoint = [&](int step) {
         state.step = step, state.loader_epoch = train.epoch, state.loader_cursor = train.cursor, state.sampler_rng = sampler.state;
         save_checkpoint(m, o.out_dir, state);
-        prune_checkpoints(o.out_dir, o.checkpoint_keep);
+        if (lead) prune_checkpoints(o.out_dir, o.checkpoint_keep);
         last_checkpoint = step;
+        dist_progress(dist);
+    };
+    // A stop asked by a signal on any rank: every rank takes the same decision, at the same step.
+    auto stop_requested = [&] {
+        int stop = g_stop_signal != 0;
+#if !defined(NO_NCCL)
+        stop = dist_sum(dist, stop);
+#endif
+        return stop > 0;
+    };
+    auto stop_now = [&](int step) {
+        if (!o.out_dir.empty() && last_checkpoint != step) checkpoint(step);
+        if (lead)
+            printf("stopped at step %d by a signal%s\n", step,
+                   o.out_dir.empty() ? " (no -o: nothing saved)" : ": resume with the same flags and -y 1");
+        if (log) fclose(log);
+        if (metrics) fclose(metrics);
+#if !defined(NO_NCCL)
+        dist_finish(dist);
+#endif
+        exit(kExitStopped);
+    };
+
+    // Each rank's share of a step: of the accum * world windows the step takes from the data, rank r
+    // trains on the r-th run of `accum`, so one GPU accumulating accum * world micro-batches and
+    // world GPUs see the same tokens in the same order.
+    int micro_of_step = 0;
+    auto next_batch = [&] {
+        if (micro_of_step == 0)
+            for (int k = 0; k < dist.rank * accum; k++) train.advance();
+        train.next(inputs, targets);
+        if (++micro_of_step == accum) {
+            micro_of_step = 0;
+            for (int k = 0; k < (dist.world - 1 - dist.rank) * accum; k++) train.advance();
+        }
     };
 
     // 3. Train. `step` counts completed optimizer steps.
@@ -1457,7 +1971,8 @@ int main(int argc, char** argv) {
     auto checkpoints = [&](int step) { return !o.out_dir.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0; };
     int staged = -1;         // the slot of the next training batch, staged while the GPU ran the step before
     double last_end = NAN;   // when the previous step's synchronisation returned
-    for (int step = state.step; step < o.max_steps; step++) {
+    for (int step = start_step; step < o.max_steps; step++) {
+        if (stop_requested()) stop_now(step);
         const bool interrupted = validates(step) || samples(step) || checkpoints(step);  // (the last step ended with one)
         if (validates(step)) validate(step);
         if (samples(step)) sample(step);
@@ -1466,9 +1981,9 @@ int main(int argc, char** argv) {
         // here after validation, sampling or a checkpoint, to its own synchronisation.
         const double t0 = interrupted || std::isnan(last_end) ? now_seconds() : last_end;
         profiler().discard();
-        // With -pf 1 a profiler started with --profile-from-start off (ncu, scripts/device_profile_step.sh)
+        // With -pf 1 a profiler started with --profile-from-start off (ncu, scripts/profile_step.sh)
         // sees exactly one steady step: the last.
-        const bool profiled_step = o.profile && step + 1 == o.max_steps && step > state.step;
+        const bool profiled_step = o.profile && step + 1 == o.max_steps && step > start_step;
         if (profiled_step) cuda_check(cudaProfilerStart());
         // The whole step is enqueued without waiting on the GPU: the loss sum, the norm, the clipping
         // factor and the skip decision live on the device until the one synchronisation below. Each
@@ -1478,17 +1993,18 @@ int main(int argc, char** argv) {
         gpt_zero_grad(m);
         for (int micro = 0; micro < accum; micro++) {
             if (staged < 0) {
-                train.next(inputs, targets);
+                next_batch();
                 staged = gpt_stage_batch(m, inputs.data(), targets.data(), o.B, o.T);
             }
             gpt_upload_batch(m, staged);
             staged = -1;
-            gpt_forward(m, o.B, o.T, true, 1.0f / (float(o.B) * o.T * accum));  // the step's loss is the mean over all its tokens
+            // The step's loss is the mean over all its tokens, on every GPU together.
+            gpt_forward(m, o.B, o.T, true, 1.0f / (float(o.B) * o.T * accum * dist.world));
             gpt_accumulate_loss(m, o.B, o.T);
-            gpt_backward(m, o.B, o.T);
             const bool last = micro + 1 == accum;
+            gpt_backward(m, o.B, o.T, last && dist.multi());
             if (!last || (step + 1 < o.max_steps && !checkpoints(step + 1) && !validates(step + 1) && !samples(step + 1))) {
-                train.next(inputs, targets);
+                next_batch();
                 staged = gpt_stage_batch(m, inputs.data(), targets.data(), o.B, o.T);
             }
         }
@@ -1498,33 +2014,40 @@ int main(int argc, char** argv) {
         cuda_check(cudaDeviceSynchronize());
         if (profiled_step) cuda_check(cudaProfilerStop());
         last_end = now_seconds();
+        dist_progress(dist);
         const double ms = (last_end - t0) * 1e3;
         const StepStats stats = gpt_step_stats(m);
-        train_loss = (float)(stats.loss_sum / accum);
+        train_loss = (float)(stats.loss_sum / (accum * dist.world));
         const float norm = std::sqrt(stats.norm_squared);
-        if (!step_finite(stats)) {  // the device's decision, from the same two values
+        if (!step_finite(stats)) {  // the device's decision, from the same two values (the same on every rank)
             bad_steps++;
-            fprintf(stderr, "warning: step %d: non-finite %s, update skipped\n", step + 1,
-                    std::isfinite(stats.loss_sum) ? "grad norm" : "loss");
+            if (lead)
+                fprintf(stderr, "warning: step %d: non-finite %s, update skipped\n", step + 1,
+                        std::isfinite(stats.loss_sum) ? "grad norm" : "loss");
             if (bad_steps >= 3)
                 fail("stopping at step %d: %d steps in a row had a non-finite loss or gradient norm (last good checkpoint: %s)",
                      step + 1, bad_steps, last_checkpoint >= 0 ? checkpoint_path(o.out_dir, "model", last_checkpoint).c_str() : "none");
         } else {
             bad_steps = 0;
         }
-        if (step > state.step) profiler().collect();  // the first step includes one-time set-up
+        if (step > start_step) profiler().collect();  // the first step includes one-time set-up
         else profiler().discard();
         step_ms.push_back(ms);
         size_t free_b = 0, total_b = 0;
         cuda_check(cudaMemGetInfo(&free_b, &total_b));
         peak_used = std::max(peak_used, total_b - free_b);
-        const double tok_s = o.total_batch / (ms * 1e-3);
+        const double tok_s = total_batch / (ms * 1e-3);
         const double eta = (o.max_steps - step - 1) * ms * 1e-3;
-        printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s\n", step + 1,
-               o.max_steps, train_loss, norm, lr, ms, tok_s, 100.0 * flops_per_token * tok_s / peak_flops, format_duration(eta).c_str());
-        if (log) fprintf(log, "s:%d trl:%.6f\n", step + 1, train_loss), fflush(log);
+        if (lead) {
+            printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s\n", step + 1,
+                   o.max_steps, train_loss, norm, lr, ms, tok_s, 100.0 * flops_per_token * tok_s / dist.world / peak_flops,
+                   format_duration(eta).c_str());
+            if (log) fprintf(log, "s:%d trl:%.6f\n", step + 1, train_loss), fflush(log);
+            if (metrics) fprintf(metrics, "%d,%.6f,,%.6e,%.6f,%.3f,%.1f\n", step + 1, train_loss, lr, norm, ms, tok_s), fflush(metrics);
+        }
         if (checkpoints(step + 1)) checkpoint(step + 1);
     }
+    if (stop_requested()) stop_now(o.max_steps);
     if (o.val_every > 0) validate(o.max_steps);
     if (o.sample_every > 0) sample(o.max_steps);
     if (!o.out_dir.empty() && last_checkpoint != o.max_steps) checkpoint(o.max_steps);
@@ -1533,15 +2056,23 @@ int main(int argc, char** argv) {
     std::vector<double> steady(step_ms.begin() + std::min<size_t>(step_ms.size() / 4, 5), step_ms.end());
     std::sort(steady.begin(), steady.end());
     const double median_ms = steady.empty() ? NAN : steady[steady.size() / 2];
-    printf("done: %d steps in %s | final train loss %.6f | val loss %.6f | median step %.1f ms = %.0f tok/s | "
-           "peak GPU memory %.2f GiB\n",
-           (int)step_ms.size(), format_duration(now_seconds() - start).c_str(), train_loss, last_val, median_ms,
-           o.total_batch / (median_ms * 1e-3), peak_used / 1073741824.0);
-    if (m.gelu_fusion > 0)
-        printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "
-               "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);
-    profiler().report();
+    char val_text[32] = "-";  // no validation ran (-v 0)
+    if (!std::isnan(last_val)) snprintf(val_text, sizeof(val_text), "%.6f", last_val);
+    if (lead) {
+        printf("done: %d steps in %s | final train loss %.6f | val loss %s | median step %.1f ms = %.0f tok/s | "
+               "peak GPU memory %.2f GiB%s\n",
+               (int)step_ms.size(), format_duration(now_seconds() - start).c_str(), train_loss, val_text, median_ms,
+               total_batch / (median_ms * 1e-3), peak_used / 1073741824.0, dist.multi() ? " (rank 0)" : "");
+        if (m.gelu_fusion > 0)
+            printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "
+                   "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);
+        profiler().report();
+    }
     if (log) fclose(log);
+    if (metrics) fclose(metrics);
+#if !defined(NO_NCCL)
+    dist_finish(dist);
+#endif
     gpt_free(m);
     return 0;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# train_gpt's command line and input validation, in both builds, without a GPU (issue 5): every bad
-# flag, checkpoint (-e), token file (-i, -j), tokenizer (-z) and output folder (-o) must end in exit
-# code 1 (not 0, not a signal or core dump), within 60 s, with exactly one line on stderr that starts
-# with `error:` and names the flag or file. Validation happens before any GPU use; the test hides
+# train_gpt's command line and input validation, in both builds, without a GPU: every bad flag,
+# checkpoint (-e), token file (-i, -j), tokenizer (-z) and output folder (-o) must end in exit code 1
+# (not 0, not a signal or core dump), within 60 s (a FIFO or a device within 5 s), with exactly one
+# line on stderr that starts with `error:` and names the flag or file, and leave no output folder
+# behind. Validation happens before any GPU use; the test hides
 # every GPU (CUDA_VISIBLE_DEVICES=), so a fully valid configuration ends with `error: no CUDA device
 # found ...`, and the checks that an input is accepted assert exactly that. Also checks, on the host
 # side, how -y 1 picks a checkpoint from the output folder (skips corrupt or partial ones, one warning
@@ -79,10 +80,30 @@ data[1024] = 0  # token 0 claims length 0: the rest no longer parses as tokens
 open(sys.argv[2], "wb").write(bytes(data))
 EOF
 : >"$tmp/regular_file"
+mkfifo "$tmp/fifo"
+# Shards of one's own data as data/prepare_text.py names them, and a token file with no validation data beside it.
+mkdir -p "$tmp/own" "$tmp/own_noval"
+gen tokens "$tmp/own/own_train_000001.bin" 2000 --seed 3
+gen tokens "$tmp/own/own_train_000002.bin" 1500 --seed 4
+gen tokens "$tmp/own/own_val_000000.bin" 600 --seed 5
+gen tokens "$tmp/own_noval/mine.bin" 3000 --seed 6
+# llm.c's model files (magic 20240326; version 3 fp32, 5 bf16) holding the test model.
+"$PYTHON" - "$M" "$tmp/llmc" <<'EOF'
+import sys
+import numpy as np
+src, out = sys.argv[1], sys.argv[2]
+h = np.fromfile(src, dtype="<i4", count=256)
+params = np.fromfile(src, dtype="<f4", offset=1024)
+L, NH, C, maxT, V, Vp = (int(x) for x in h[2:8])
+for version, payload in ((3, params.tobytes()), (5, (params.view("<u4") >> 16).astype("<u2").tobytes()), (4, params.tobytes())):
+    g = np.zeros(256, dtype="<i4")
+    g[:8] = [20240326, version, maxT, V, L, NH, C, Vp]
+    open(f"{out}_v{version}.bin", "wb").write(g.tobytes() + payload)
+EOF
 set +e
 
 # The valid configuration every check starts from (-b 2 -t 16: 32 tokens per micro-batch).
-base=(-e "$tmp/pt.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok.bin" -b 2 -t 16 -x 3)
+base=(-e "$tmp/pt.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok.bin" -b 2 -t 16 -x 3 -u 1)
 
 report() {  # name ok detail
     if [[ $2 -eq 1 ]]; then
@@ -95,11 +116,27 @@ report() {  # name ok detail
     fi
 }
 
-run() {  # runs the binary with a time limit; sets rc, nerr (stderr lines), err1 (first stderr line)
+# The runs give the valid configuration first and then the flags under test, which replace the
+# configuration's own (train_gpt refuses a flag given twice: that is tested with run_raw).
+dedupe() {  # prints the NUL-separated arguments with each flag's last value only
+    local -a args=("$@") out=()
+    local -A last=()
+    local i
+    if (($# % 2)); then printf '%s\0' "$@"; return; fi  # not all flag-value pairs: as given
+    for ((i = 0; i < $#; i += 2)); do last[${args[i]}]=$i; done
+    for ((i = 0; i < $#; i += 2)); do [[ ${last[${args[i]}]} == "$i" ]] && out+=("${args[i]}" "${args[i + 1]}"); done
+    printf '%s\0' "${out[@]}"
+}
+run_raw() {  # runs the binary with a time limit; sets rc, nerr (stderr lines), err1 (first stderr line)
     timeout 60 "./$bin" "$@" >"$tmp/stdout" 2>"$tmp/stderr" </dev/null
     rc=$?
     nerr=$(grep -c '' "$tmp/stderr")
     err1=$(head -n 1 "$tmp/stderr")
+}
+run() {
+    local -a args
+    mapfile -d '' args < <(dedupe "$@")
+    run_raw "${args[@]}"
 }
 
 # expect_error NAME NEEDLE ARGS...: exit code 1, stderr exactly one line, `error: ...NEEDLE...`
@@ -162,6 +199,18 @@ expect_error_after_warnings() {
     local why
     why=$(warnings_then_error "$nwarn")
     if [[ -z $why && $(tail -n 1 "$tmp/stderr") != error:*"$needle"* ]]; then why="the last stderr line is not an error naming '$needle'"; fi
+    report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
+}
+
+# expect_warning_no_gpu NAME PATTERN ARGS...: one `warning:` line matching PATTERN, then the no-GPU error
+expect_warning_no_gpu() {
+    local name=$1 pattern=$2
+    shift 2
+    run "$@"
+    local why
+    why=$(warnings_then_error 1)
+    if [[ -z $why && $(tail -n 1 "$tmp/stderr") != "$NO_CUDA"* ]]; then why="last stderr line is not '$NO_CUDA ...'"
+    elif [[ -z $why ]] && ! grep -qE -- "^warning: .*$pattern" "$tmp/stderr"; then why="no warning matches '$pattern'"; fi
     report "[$prec] $name" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
 }
 
@@ -333,11 +382,49 @@ for prec in fp32 bf16; do
     edit "$d/model_00000010.bin" "$d3/model_00000010.bin" --flip 3000
     cp "$d/state_00000010.bin" "$d3/state_00000010.bin"
     expect_error_after_warnings "-y 1 with no loadable checkpoint: error, not a fresh start" 1 "move them away" "${rbase[@]}" -o "$d3" -y 1
+    # ---- an interrupted save: only a model file without its state file and a temp file remain
+    d4=$tmp/resume_interrupted_$prec
+    mkdir -p "$d4"
+    gen model-crc "$M" "$d4/model_00000010.bin"
+    head -c 3000 "$d4/model_00000010.bin" >"$d4/state_00000010.bin.tmp.Qw12Er"
+    expect_warning_no_gpu "-y 1 after a first save cut short: starts over, warning" "no complete checkpoint" "${rbase[@]}" -o "$d4" -y 1
+    expect_valid "a new run in a folder holding only what a cut-short save left" "${rbase[@]}" -o "$d4"
+
     d2=$tmp/resume_cursor_$prec
     mkdir -p "$d2"
     gen model-crc "$M" "$d2/model_00000010.bin"
     gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --cursor 1000
     expect_error "-y 1: data position beyond the token file" "$tmp/train.bin" "${rbase[@]}" -o "$d2" -y 1
+
+    # ---- quiet traps made loud
+    run_raw "${base[@]}" -b 8 -b 2
+    why=""; [[ $rc -ne 1 || $nerr -ne 1 || $err1 != error:*"-b is given twice"* ]] && why="exit $rc: $err1"
+    report "[$prec] a flag given twice (-b 8 -b 2): error" "$([[ -z $why ]] && echo 1 || echo 0)" "$why"
+    for f in -o -i -j -e -z; do
+        expect_error "$f '' (an empty path)" "flag $f: expected a path" "${base[@]}" $f ""
+    done
+    expect_error "-e d13 names the models there are" "d6, d12, d24, d36, d48" "${base[@]}" -e d13
+    for f in -i -j -e -z; do
+        for special in /dev/zero /dev/urandom "$tmp/fifo"; do
+            started=$SECONDS
+            expect_error "$f $special: not a regular file" "not a regular file" "${base[@]}" $f "$special"
+            ((SECONDS - started > 5)) && report "[$prec]   ... $f $special took $((SECONDS - started)) s (at most 5)" 0 ""
+        done
+    done
+    expect_warning_no_gpu "-u 1000 -x 3: the learning rate never peaks (warning)" "never reaches -l" "${base[@]}" -u 1000
+    nbase=(-e "$tmp/pt.ckpt" -z "$tmp/tok.bin" -b 2 -t 16 -x 3 -u 1)  # no -i, no -j
+    expect_valid "-i own shards (a glob) without -j: their validation shards are found" "${nbase[@]}" -i "$tmp/own/own_train_*.bin"
+    expect_error "-i a file without -j and nothing beside it: error, not Tiny Shakespeare" "-j" "${nbase[@]}" -i "$tmp/own_noval/mine.bin"
+    expect_valid "  ... accepted with -v 0" "${nbase[@]}" -i "$tmp/own_noval/mine.bin" -v 0
+    expect_error "-i a glob that matches nothing" "no file matches" "${nbase[@]}" -i "$tmp/own/none_*.bin" -v 0
+    expect_valid "-e an llm.c model file (version 3, fp32)" "${base[@]}" -e "$tmp/llmc_v3.bin"
+    expect_valid "-e an llm.c model file (version 5, bf16)" "${base[@]}" -e "$tmp/llmc_v5.bin"
+    expect_error "-e an llm.c model file of version 4" "version 4" "${base[@]}" -e "$tmp/llmc_v4.bin"
+    expect_error "bad input with -o a new folder" "$tmp/missing.ckpt" "${base[@]}" -e "$tmp/missing.ckpt" -o "$tmp/new_$prec/run"
+    report "[$prec]   ... leaves no folder behind" "$([[ ! -e $tmp/new_$prec ]] && echo 1 || echo 0)" "$tmp/new_$prec exists"
+    expect_valid "-o a new folder, no GPU" "${base[@]}" -o "$tmp/new2_$prec/run"
+    report "[$prec]   ... leaves no folder behind" "$([[ ! -e $tmp/new2_$prec ]] && echo 1 || echo 0)" "$tmp/new2_$prec exists"
+    expect_error "-p with a missing tokenizer file" "$tmp/no_tokenizer.bin" "${base[@]}" -z "$tmp/no_tokenizer.bin" -p "hello"
 done
 
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -4,16 +4,18 @@
 //   token_file_tool read-tokens FILE VOCAB        prints "tokens N first A last B"
 //   token_file_tool decode TOKENIZER              prints "vocab V eot E", then one line per token id:
 //                                                 its bytes in hex
+//   token_file_tool encode TOKENIZER TEXTFILE     prints the GPT-2 token ids of the file's text, one line
 //   token_file_tool crc32 FILE                    prints the CRC-32 as 8 hex digits
 //   token_file_tool copy SRC DST                  read_whole_file + write_file_atomic
 //   token_file_tool parse-int VALUE MIN MAX       prints the value parse_int_flag accepts
 //   token_file_tool parse-float VALUE MIN MAX     prints the value parse_float_flag accepts
 // Every error is one `error: ...` line on stderr and exit code 1.
-#include "fileio.h"
+#include "tokenizer.h"
 
 static void usage() {
     printf(
-            "usage: token_file_tool read-tokens FILE VOCAB | decode TOKENIZER | crc32 FILE | copy SRC DST\n"
+            "usage: token_file_tool read-tokens FILE VOCAB | decode TOKENIZER | encode TOKENIZER TEXTFILE | crc32 FILE\n"
+            "                       | copy SRC DST\n"
             "                       | parse-int VALUE MIN MAX | parse-float VALUE MIN MAX\n");
 }
 
@@ -36,6 +38,16 @@ int main(int argc, char** argv) {
             for (unsigned char c : tokenizer_decode(tok, id)) printf("%02x", c);
             printf("\n");
         }
+        return 0;
+    }
+    if (cmd == "encode" && argc == 4) {
+        Tokenizer tok = read_tokenizer(argv[2]);
+        std::vector<uint8_t> bytes;
+        std::string error;
+        if (!read_whole_file(argv[3], bytes, &error)) fail("%s", error.c_str());
+        const std::vector<int> ids = tokenizer_encode(tok, std::string(bytes.begin(), bytes.end()));
+        for (size_t i = 0; i < ids.size(); i++) printf(i ? " %d" : "%d", ids[i]);
+        printf("\n");
         return 0;
     }
     if (cmd == "crc32" && argc == 3) {

@@ -1,0 +1,115 @@
+// generate_gpt.cu: text from a trained model, on the GPU.
+//
+//   ./generate_gpt_bf16 -e out/d12_tinyshakespeare_bf16 -p "ROMEO:" -g 200 -tp 0.8 -k 200
+//
+// The model is a checkpoint file (ours or llm.c's) or a run folder (its newest complete checkpoint).
+// The prompt is encoded with GPT-2's tokenizer (tokenizer.h) after <|endoftext|>, then tokens are
+// drawn one at a time exactly as train_gpt's samples and gpt_reference.py generate draw them
+// (gpt_generate in train_gpt.cu): temperature 0 is greedy, so the fp32 build's greedy tokens equal
+// PyTorch's for the same checkpoint and prompt (test/test_generate.sh). Without a KV cache each token
+// runs the forward over the context (at most maxT tokens, a sliding window beyond that).
+#define GPT_NO_MAIN
+#include "train_gpt.cu"
+
+struct GenerateOptions {
+    std::string model, tokenizer_path = "data/gpt2_tokenizer.bin", prompt;
+    int tokens = 256, flash = 1, print_ids = 0;
+    float temperature = 1.0f;
+    int top_k = 0;
+    long seed = 1337;
+};
+
+static void usage(const GenerateOptions& d) {
+    printf("usage: generate_gpt_%s -e <model> [flags]   (every flag takes a value)\n"
+           "  -e <model>  a model file (ours, or llm.c's gpt2_124M.bin style) or a run folder of train_gpt (-o): its\n"
+           "              newest complete checkpoint\n"
+           "  -z <file>   tokenizer (default %s)\n"
+           "  -p <text>   prompt, after <|endoftext|> (default: none)\n"
+           "  -g <int>    tokens to generate (default %d)\n"
+           "  -tp <float> temperature, 0 = greedy (default %g; 0.8 is a common choice)\n"
+           "  -k <int>    sample from the top-k tokens only, 0 = all (default %d; 200 is a common choice)\n"
+           "  -sd <int>   seed of the sampling (default %ld)\n"
+           "  -fa <0|1>   flash attention where it runs (default %d)\n"
+           "  -ids <0|1>  also print the generated token ids, on a line `tokens: ...` (default %d)\n"
+           "  -h          this help\n",
+           PRECISION_NAME, d.tokenizer_path.c_str(), d.tokens, d.temperature, d.top_k, d.seed, d.flash, d.print_ids);
+}
+
+int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IONBF, 0);  // tokens appear as they are drawn
+    GenerateOptions o;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(o);
+            return 0;
+        }
+    std::vector<std::string> seen;
+    for (int i = 1; i < argc; i += 2) {
+        const std::string f = argv[i];
+        if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like -g 100; -h lists them)", argv[i]);
+        if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
+        if (std::find(seen.begin(), seen.end(), f) != seen.end()) fail("flag %s is given twice", argv[i]);
+        seen.push_back(f);
+        const char *v = argv[i + 1], *fl = argv[i];
+        if ((f == "-e" || f == "-z") && !*v) fail("flag %s: expected a path, got an empty string", fl);
+        if (f == "-e") o.model = v;
+        else if (f == "-z") o.tokenizer_path = v;
+        else if (f == "-p") o.prompt = v;
+        else if (f == "-g") o.tokens = (int)parse_int_flag(fl, v, 1, 1 << 20);
+        else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);
+        else if (f == "-k") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);
+        else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);
+        else if (f == "-fa") o.flash = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-ids") o.print_ids = (int)parse_int_flag(fl, v, 0, 1);
+        else fail("unknown flag %s (-h lists the flags)", argv[i]);
+    }
+    if (o.model.empty()) fail("give the model with -e (a checkpoint file or a run folder; -h for help)");
+
+    // The model: a file, or a run folder's newest complete checkpoint.
+    std::string path = o.model, error;
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+        path.clear();
+        for (int step : checkpoint_steps(o.model)) {
+            const std::string model = checkpoint_path(o.model, "model", step);
+            if (file_exists(model)) {
+                path = model;
+                break;
+            }
+        }
+        if (path.empty()) fail("-e %s: the folder holds no complete checkpoint (train with -o %s first)", o.model.c_str(), o.model.c_str());
+    }
+    HostModel host;
+    if (!read_checkpoint(path, host, &error)) fail("-e %s: %s", path.c_str(), error.c_str());
+    Tokenizer tok = read_tokenizer(o.tokenizer_path);
+    if (tok.vocab_size != host.config.V)
+        fail("tokenizer '%s' has %d tokens, the model %d", o.tokenizer_path.c_str(), tok.vocab_size, host.config.V);
+    const int eot = tok.eot_token >= 0 ? tok.eot_token : host.config.V - 1;
+    std::vector<int> tokens = {eot};
+    const std::vector<int> prompt = tokenizer_encode(tok, o.prompt);
+    tokens.insert(tokens.end(), prompt.begin(), prompt.end());
+
+    if (!cuda_device_available()) fail("no CUDA device found (generate_gpt needs a GPU)");
+    GPT m;
+    m.inference = true;
+    blas().tune = false;  // few shapes, one run each: tuning would cost more than it saves (same bits)
+    gpt_create(m, host, 1, host.config.maxT, o.flash != 0);
+    host.params = std::vector<float>();
+    fprintf(stderr, "model %s: L=%d NH=%d C=%d, %s build | prompt %zu tokens | %d tokens, temperature %g, top-k %d, seed %ld\n",
+            path.c_str(), m.config.L, m.config.NH, m.config.C, PRECISION_NAME, prompt.size(), o.tokens, o.temperature, o.top_k, o.seed);
+    for (size_t i = 1; i < tokens.size(); i++) fputs(tokenizer_decode(tok, tokens[i]).c_str(), stdout);
+    Rng rng((uint64_t)o.seed);
+    const double start = now_seconds();
+    gpt_generate(m, tokens, o.tokens, SampleOptions{o.temperature, o.top_k}, rng,
+                 [&](int id) { fputs(tokenizer_decode(tok, id).c_str(), stdout); });
+    const double seconds = now_seconds() - start;
+    printf("\n");
+    if (o.print_ids) {
+        printf("tokens:");
+        for (size_t i = tokens.size() - o.tokens; i < tokens.size(); i++) printf(" %d", tokens[i]);
+        printf("\n");
+    }
+    fprintf(stderr, "generated %d tokens in %.2f s: %.1f tokens/s\n", o.tokens, seconds, o.tokens / seconds);
+    gpt_free(m);
+    return 0;
+}
