@@ -29,6 +29,7 @@ def sdpa_forward(self, x):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="d12", help="GPT-2 descriptor: d12 (124M), d24, d36, d48 (as train_gpt -e)")
     p.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=30, help="steps per B; the first third are warm-up")
@@ -44,7 +45,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, compile={not args.no_compile}")
     for B in args.batch:
         torch.manual_seed(0)
-        model = ref.GPT(ref.parse_model("d12"))
+        model = ref.GPT(ref.parse_model(args.model))
         ref.random_init(model, 1337)
         model = model.cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
@@ -67,7 +68,7 @@ def main():
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         steady = statistics.median(times[args.steps // 3:])
-        print(f"pytorch B={B} T={args.seq}: median step {steady * 1e3:.1f} ms = {n / steady:,.0f} tok/s, "
+        print(f"pytorch {args.model} B={B} T={args.seq}: median step {steady * 1e3:.1f} ms = {n / steady:,.0f} tok/s, "
               f"loss {loss.item():.4f}, peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
         del model, opt, step_fn
         torch.cuda.empty_cache()
