@@ -75,6 +75,12 @@ build/test/%: test/%.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS) $(NCCL_LIBS)
 
+# The LD_PRELOAD library that kills or fails file operations for the checkpoint tests (host C).
+build/test/libfault_inject.so: test/fault_inject.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -shared -fPIC $< -o $@ -ldl
+all: build/test/libfault_inject.so
+
 # The test runner checks that every program in this list was built.
 list-programs:
 	@echo $(PROGRAMS)

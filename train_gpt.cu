@@ -1200,11 +1200,13 @@ inline bool write_checkpoint(const std::string& dir, const GPTConfig& config, co
     crc = crc32(adam_m.data(), bytes, crc);
     crc = crc32(adam_v.data(), bytes, crc);
     h[5] = (int32_t)crc;
-    const std::string model_path = checkpoint_path(dir, "model", st.step);
-    if (!write_model_file(model_path, config, params, error)) return false;
-    if (!write_file_atomic(checkpoint_path(dir, "state", st.step),
-                           {{h, sizeof(h)}, {params.data(), bytes}, {adam_m.data(), bytes}, {adam_v.data(), bytes}}, error)) {
-        unlink(model_path.c_str());  // not committed: leave nothing of it
+    const std::string model_path = checkpoint_path(dir, "model", st.step), state_path = checkpoint_path(dir, "state", st.step);
+    if (!write_model_file(model_path, config, params, error) ||
+        !write_file_atomic(state_path, {{h, sizeof(h)}, {params.data(), bytes}, {adam_m.data(), bytes}, {adam_v.data(), bytes}}, error)) {
+        // Not committed (or not known to be on disk: a failed folder sync comes after the rename):
+        // leave nothing of it, the commit record first.
+        unlink(state_path.c_str());
+        unlink(model_path.c_str());
         return false;
     }
     return true;
