@@ -5,6 +5,8 @@
 //   FAULT_ACTION=kill   SIGKILL the process just before that operation (the default)
 //               enospc  make it fail with ENOSPC (a full disk); eio: with EIO (an I/O error)
 //   FAULT_ONLY=TEXT     count only operations on paths containing TEXT (the checkpoint folder)
+//   FAULT_AFTER=TEXT    start counting at the first operation on a path containing TEXT (a save's
+//                       first file, e.g. model_00000010), so that N counts from that save's start
 //   FAULT_TRACE=FILE    append one line per counted operation to FILE: "N op path"
 //
 // Operations: create (mkstemp, open with O_CREAT), write, fsync (of a file), close, rename,
@@ -25,6 +27,7 @@
 #define MAX_FDS 4096
 static char* fd_paths[MAX_FDS];  // what each open file descriptor refers to, for FAULT_ONLY
 static long counter = 0;
+static int armed = 0;  // FAULT_AFTER seen
 
 static void remember(int fd, const char* path) {
     if (fd < 0 || fd >= MAX_FDS) return;
@@ -37,6 +40,11 @@ static const char* path_of(int fd) { return fd >= 0 && fd < MAX_FDS && fd_paths[
 static int fault(const char* op, const char* path) {
     const char* only = getenv("FAULT_ONLY");
     if (only && *only && !strstr(path, only)) return 0;
+    const char* after = getenv("FAULT_AFTER");
+    if (after && *after && !armed) {
+        if (!strstr(path, after)) return 0;
+        armed = 1;
+    }
     const long n = ++counter;
     const char* trace = getenv("FAULT_TRACE");
     if (trace && *trace) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoints, resume and determinism of train_gpt on the GPU (issue 5), in both precisions:
+# Checkpoints, resume and determinism of train_gpt on the GPU, in both precisions:
 #   determinism      two runs, same seed and flags, 20 steps: identical step (loss, norm) and val lines,
 #                    and identical final state files (parameters and AdamW state, bit for bit)
 #   resume           A: 20 steps, checkpoint every 10. B: 10 steps, then -y 1 -x 20. B's steps 11..20
@@ -8,11 +8,17 @@
 #                    shuffled data wrapping into a second epoch after the resume. -q 1 holds the
 #                    learning rate constant after warm-up, so the schedule does not depend on -x
 #                    (B's first half runs with -x 10).
-#   keep-K           -n 5 -nk 2 -x 20: exactly the checkpoints of steps 15 and 20 remain
+#   keep-K           -n 5 -nk 2 -x 20: exactly the checkpoints of steps 15 and 20 remain; -v 0 ends
+#                    without a validation loss
 #   corrupt newest   a byte flipped in A's newest state file: -y 1 warns once (naming the file),
 #                    resumes from step 10 and repeats A's steps 11..20
-#   SIGKILL          d12, kill -9 while a checkpoint is being written (a temp file exists): -y 1
-#                    resumes from the newest complete checkpoint (zero steps), never a partial one
+#   faults, signals  (bf16) a small model's run of 20 steps with checkpoints every 10, against the same
+#                    run never interrupted (U): killed (-9, by build/test/libfault_inject.so) before
+#                    each of 11 file operations spread over the step-10 save, then -y 1: the final
+#                    checkpoint and every step line are U's; ENOSPC / EIO in the step-20 save: one
+#                    error line, exit 1, step 10 kept, and -y 1 finishes as U; SIGTERM / SIGINT: exit
+#                    code 75 with a checkpoint of the step it stopped at, and -y 1 finishes as U; a
+#                    second SIGTERM ends the program at once
 #   OOM              -e d12 -b 4096 -t 1024: exit 1, one line `error: out of GPU memory ...` with the
 #                    requested and free sizes
 #   non-finite       a model whose logits overflow: three skipped updates, each named, then exit 1
@@ -21,7 +27,7 @@ set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 read -r -a precisions <<<"${PRECISIONS:-fp32 bf16}"  # PRECISIONS="bf16" runs one
-checks=(determinism resume keep-K corrupt-newest sigkill-mid-write oom non-finite)
+checks=(determinism resume keep-K corrupt-newest faults-and-signals oom non-finite)
 passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -37,6 +43,7 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+shim=$PWD/build/test/libfault_inject.so
 report() {  # name ok(1/0) detail
     if [[ $2 -eq 1 ]]; then
         passed=$((passed + 1))
@@ -157,7 +164,7 @@ for prec in "${precisions[@]}"; do
     # ---- keep-K (the small model: only the files matter)
     train "$p/k" -e "$tmp/tiny.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 32 -x 20 \
         -v 0 -s 0 -o "$p/K" -n 5 -nk 2
-    left=$(cd "$p/K" 2>/dev/null && ls -A | grep -v '^main\.log$' | tr '\n' ' ')
+    left=$(cd "$p/K" 2>/dev/null && ls -A | grep -vE '^(main\.log|metrics\.csv)$' | tr '\n' ' ')
     want="model_00000015.bin model_00000020.bin state_00000015.bin state_00000020.bin "
     report "[$prec] keep-K: -n 5 -nk 2 -x 20 leaves steps 15 and 20 only" "$([[ $rc -eq 0 && $left == "$want" ]] && echo 1 || echo 0)" \
         "exit code $rc; files: $left"
@@ -178,47 +185,85 @@ for prec in "${precisions[@]}"; do
         report "[$prec] corrupt newest" 0 "run A left no state_00000020.bin"
     fi
 
-    # ---- SIGKILL while a checkpoint is written: d12 (2 GB per checkpoint), kill -9 once the step-5
-    # checkpoint is complete and a temp file of the next one exists.
-    k=$p/S
-    "./$bin" -e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok50257.bin" -b 1 -t 64 -x 100000 -v 0 -s 0 \
-        -o "$k" -n 5 -nk 5 >"$p/s.out" 2>"$p/s.err" </dev/null &
-    pid=$!
-    phase=waiting
-    deadline=$((SECONDS + 180))
-    while kill -0 $pid 2>/dev/null && ((SECONDS < deadline)); do
-        if [[ $phase == waiting ]]; then
-            [[ -e $k/model_00000005.bin ]] && phase=armed
-        elif compgen -G "$k/*.tmp.*" >/dev/null; then
-            kill -9 $pid
-            phase=killed
-            break
-        fi
-        sleep 0.02
-    done
-    [[ $phase != killed ]] && kill -9 $pid 2>/dev/null
-    wait $pid 2>/dev/null
-    rck=$?
-    tmps=$(cd "$k" 2>/dev/null && compgen -G "*.tmp.*" | tr '\n' ' ')
-    report "[$prec] sigkill: killed while a checkpoint was being written" "$([[ $phase == killed && $rck -eq 137 ]] && echo 1 || echo 0)" \
-        "phase $phase, exit code $rck, temp files left: ${tmps:-none}"
-    [[ $phase != killed ]] && show "$p/s.err"
-    # the newest step with both files complete (a rename is atomic: no non-temp file is partial)
-    newest=0
-    for s in $(cd "$k" 2>/dev/null && ls state_*.bin 2>/dev/null | sed -E 's/state_0*([0-9]+)\.bin/\1/'); do
-        [[ -e $(printf '%s/model_%08d.bin' "$k" "$s") && $s -gt $newest ]] && newest=$s
-    done
-    if [[ $newest -ge 5 ]]; then
-        train "$p/s2" -e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok50257.bin" -b 1 -t 64 -x "$newest" \
-            -v 0 -s 0 -o "$k" -n 5 -nk 5 -y 1
-        ok=0
-        [[ $rc -eq 0 ]] && grep -q "^resuming from step $newest " "$p/s2.out" && ok=1
-        report "[$prec] sigkill: -y 1 resumes from the newest complete step ($newest)" $ok \
-            "exit code $rc; $(grep -m1 -E '^(resuming|no valid)' "$p/s2.out"); stderr: $(head -c 300 "$p/s2.err")"
-    else
-        report "[$prec] sigkill: -y 1 resumes from the newest complete step" 0 "no complete checkpoint left in $k"
+    # ---- faults during a real save, and signals (bf16 only: the protocol is the same in both builds).
+    # A small model, 20 steps, checkpoints every 10: U is the run never interrupted.
+    if [[ $prec == bf16 ]]; then
+        small=(-e "$tmp/tiny.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 32 -d 256 -sh 1
+               -sd 7 -l 1e-3 -u 3 -q 1 -v 5 -m 2 -s 0 -n 10)
+        train "$p/u" "${small[@]}" -x 20 -o "$p/U"
+        steps_of "$p/u.out" >"$p/u.steps"
+        # same_run NAME DIR LOG...: DIR's final checkpoint is U's, byte for byte, and the logs' step lines are U's
+        same_run() {
+            local name=$1 dir=$2 why="" f
+            shift 2
+            for f in state_00000020.bin model_00000020.bin; do cmp -s "$dir/$f" "$p/U/$f" || why+="$f differs; "; done
+            cat "$@" | grep -hE '^step +[0-9]+/' | sed -nE 's/^step +([0-9]+)\/[0-9]+ \| loss ([^ ]+) \| norm ([^ ]+) .*/\1 \2 \3/p' |
+                sort -n -u >"$p/merged.steps"
+            # every step line a run printed is U's line for that step (a step run twice prints it twice)
+            join <(sort -k1,1 "$p/merged.steps") <(sort -k1,1 "$p/u.steps") | awk '$2 != $4 || $3 != $5 { bad = 1 } END { exit bad }' ||
+                why+="a step's loss or norm differs from U's; "
+            report "$name" "$([[ -z $why ]] && echo 1 || echo 0)" "${why:-final checkpoint and every step line as in U}"
+        }
+        # The file operations of the first save (step 10), counted on a run of its own.
+        rm -f "$p/trace"
+        FAULT_ONLY="$p/T" FAULT_AFTER=model_00000010 FAULT_TRACE="$p/trace" LD_PRELOAD=$shim train "$p/t" "${small[@]}" -x 10 -o "$p/T"
+        ops=$(grep -c '' "$p/trace" 2>/dev/null)
+        report "[$prec] faults: the step-10 save makes $ops file operations" "$([[ $ops -ge 16 ]] && echo 1 || echo 0)" ""
+        # kill -9 before some of them, spread over the save; then -y 1 runs to step 20.
+        for k in 1 2 4 6 7 9 11 14 16 17 18; do  # model: create, write, fsync, rename, dirsync; state: create, write, ..., rename, dirsync, after
+            d=$p/kill_$k
+            (FAULT_ONLY="$d" FAULT_AFTER=model_00000010 FAULT_AT=$k FAULT_ACTION=kill LD_PRELOAD=$shim train "$p/k$k" "${small[@]}" -x 20 -o "$d"
+             exit $rc) 2>/dev/null
+            rck=$?
+            train "$p/k${k}r" "${small[@]}" -x 20 -o "$d" -y 1
+            if [[ $rck -ne 137 || $rc -ne 0 ]]; then
+                report "[$prec] faults: killed before op $k of the save, then -y 1" 0 "exit codes $rck (expected 137) and $rc"
+                show "$p/k${k}r.err"
+            else
+                same_run "[$prec] faults: killed before op $k of the save, -y 1: the same run as U" "$d" "$p/k$k.out" "$p/k${k}r.out"
+            fi
+        done
+        # A full disk during the second save: one error line, exit 1, the first checkpoint intact; -y 1 then finishes the run.
+        for action in enospc eio; do
+            d=$p/$action
+            FAULT_ONLY="$d/state_00000020" FAULT_AT=2 FAULT_ACTION=$action LD_PRELOAD=$shim train "$p/$action" "${small[@]}" -x 20 -o "$d"
+            nerr=$(grep -c '' "$p/$action.err")
+            ok=0
+            [[ $rc -eq 1 && $nerr -eq 1 && $(head -n 1 "$p/$action.err") == "error: writing checkpoint for step 20: "* && -e $d/state_00000010.bin &&
+               ! -e $d/state_00000020.bin && ! -e $d/model_00000020.bin ]] && ok=1
+            report "[$prec] faults: $action while the step-20 save writes: one error line, exit 1, step 10 kept" $ok \
+                "exit code $rc; $(head -n 1 "$p/$action.err")"
+            train "$p/${action}r" "${small[@]}" -x 20 -o "$d" -y 1
+            same_run "[$prec] faults: after $action, -y 1: the same run as U" "$d" "$p/$action.out" "$p/${action}r.out"
+        done
+        # SIGTERM / SIGINT: the step in progress finishes, a checkpoint is written, exit code 75; -y 1 goes on.
+        for sig in TERM INT; do
+            d=$p/sig$sig
+            "./$bin" "${small[@]}" -x 20 -o "$d" >"$p/sig$sig.out" 2>"$p/sig$sig.err" </dev/null &
+            pid=$!
+            deadline=$((SECONDS + 120))
+            until grep -q '^step  *4/' "$p/sig$sig.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null || ((SECONDS > deadline)); do sleep 0.01; done
+            kill -$sig $pid 2>/dev/null
+            wait $pid
+            rcs=$?
+            stopped=$(sed -nE 's/^stopped at step ([0-9]+) by a signal.*/\1/p' "$p/sig$sig.out")
+            ok=0
+            [[ $rcs -eq 75 && -n $stopped && -e $(printf '%s/state_%08d.bin' "$d" "$stopped") ]] && ok=1
+            report "[$prec] signals: SIG$sig: exit code 75, checkpoint of the step it stopped at (${stopped:-none})" $ok "exit code $rcs"
+            train "$p/sig${sig}r" "${small[@]}" -x 20 -o "$d" -y 1
+            same_run "[$prec] signals: SIG$sig, then -y 1: the same run as U" "$d" "$p/sig$sig.out" "$p/sig${sig}r.out"
+        done
+        # A second signal ends the program at once (killed by it, no "stopped" line).
+        "./$bin" "${small[@]}" -x 100000 -o "$p/sig2" >"$p/sig2.out" 2>"$p/sig2.err" </dev/null &
+        pid=$!
+        deadline=$((SECONDS + 120))
+        until grep -q '^step  *2/' "$p/sig2.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null || ((SECONDS > deadline)); do sleep 0.01; done
+        kill -TERM $pid; kill -TERM $pid
+        wait $pid
+        rcs=$?
+        report "[$prec] signals: a second SIGTERM ends it at once (killed by the signal)" \
+            "$([[ $rcs -eq 143 ]] && ! grep -q '^stopped at' "$p/sig2.out" && echo 1 || echo 0)" "exit code $rcs"
     fi
-    rm -rf "$k"
 
     # ---- out of GPU memory
     train "$p/oom" -e d12 -i "$tmp/big.bin" -j "$tmp/big.bin" -z "$tmp/tok50257.bin" -b 4096 -t 1024 -x 1 -v 0 -s 0
