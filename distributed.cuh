@@ -58,6 +58,17 @@ inline size_t shard_size(size_t n, int world) { return (n + world - 1) / world; 
 inline size_t shard_begin(size_t n, int world, int rank) { return std::min(n, shard_size(n, world) * rank); }
 inline size_t shard_end(size_t n, int world, int rank) { return std::min(n, shard_size(n, world) * (rank + 1)); }
 
+// A checkpoint holds whole arrays whatever the number of GPUs that wrote it. Rank 0 assembles them
+// from all-gathers of `k` elements at offset `at` of every rank's shard: `gathered` holds rank r's
+// k elements at [r k, (r + 1) k); this puts them where they belong in the whole array `out` of n.
+inline void place_gathered_chunk(float* out, size_t n, int world, size_t at, size_t k, const float* gathered) {
+    const size_t S = shard_size(n, world);
+    for (int r = 0; r < world; r++) {
+        const size_t first = r * S + at, count = first < n ? std::min(k, n - first) : 0;
+        std::copy(gathered + r * k, gathered + r * k + count, out + first);
+    }
+}
+
 // Micro-batches per step and rank for a total batch of `total_batch` tokens: -d must split into
 // whole micro-batches of B*T tokens on every rank. Returns 0 when it does not (the caller says so).
 inline int micro_steps_per_rank(long total_batch, long B, long T, int world) {
@@ -470,11 +481,13 @@ template <typename T> T dist_sum(Dist& d, T value) {
     return value;
 }
 
-// Every rank done with its GPU work, then each tells rank 0 and closes its connection; rank 0 waits
-// (a bounded time) for all of them, so no rank mistakes another's normal end for a failure.
-inline void dist_finish(Dist& d) {
+#endif  // NCCL
+
+// The ranks end together: every rank has done its GPU work (the barrier), then each tells rank 0 it is
+// done and closes its connection; rank 0 waits (a bounded time) for all of them, so that no rank
+// mistakes another's normal end for a failure.
+inline void dist_close(Dist& d) {
     if (!d.multi()) return;
-    dist_sum(d, 0);  // a barrier
     if (d.rank != 0) {
         d.stopping.store(true);
         const uint32_t word = kDistDone;
@@ -487,6 +500,14 @@ inline void dist_finish(Dist& d) {
     if (d.watchdog.joinable()) d.watchdog.join();
     for (int fd : d.peers)
         if (fd >= 0) close(fd);
+    d.peers.clear();
+}
+
+#if !defined(NO_NCCL)
+inline void dist_finish(Dist& d) {
+    if (!d.multi()) return;
+    dist_sum(d, 0);  // a barrier
+    dist_close(d);
     if (ncclComm_t c = d.comm.exchange(nullptr)) ncclCommDestroy(c);
     if (d.stream) cuda_check(cudaStreamDestroy(d.stream));
     if (d.scratch) cuda_check(cudaFree(d.scratch));

@@ -1046,10 +1046,7 @@ inline std::vector<float> gpt_gather_shards(GPT& m, const float* shard) {
         cuda_check(cudaStreamSynchronize(d.stream));
         if (d.rank != 0) continue;
         cuda_check(cudaMemcpy(host.data(), gathered, k * d.world * sizeof(float), cudaMemcpyDeviceToHost));
-        for (int r = 0; r < d.world; r++) {
-            const size_t first = r * S + at, count = first < n ? std::min(k, n - first) : 0;
-            std::copy(host.begin() + r * k, host.begin() + r * k + count, out.begin() + first);
-        }
+        place_gathered_chunk(out.data(), n, d.world, at, k, host.data());
     }
     cuda_check(cudaFree(gathered));
 #endif
@@ -1793,6 +1790,10 @@ int main(int argc, char** argv) {
 
     // Several GPUs: the ranks meet, and each is refused unless its run setup is rank 0's.
     if (dist.multi()) {
+        int devices = 0;
+        if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+        if (dist.local_rank >= devices)
+            fail("rank %d has local rank %d, but this node has %d GPUs: start at most one rank per GPU", dist.rank, dist.local_rank, devices);
         char setup[kSetupChars];
         snprintf(setup, sizeof(setup), "-i=%s -j=%s -e=%s -o=%s -y=%d -b=%d -t=%d -d=%ld -x=%d -l=%g -u=%d -q=%g -c=%g -gc=%g -sd=%ld "
                  "-sh=%d -v=%d -m=%d -n=%d -nk=%d -fa=%d -ge=%d -r=%d -ov=%d -tw=%d -pf=%d data=%llu:%08x resumed-step=%d",

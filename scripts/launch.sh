@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# usage: scripts/launch.sh NUM_GPUS PROGRAM [FLAGS...]
+#   e.g. scripts/launch.sh 8 ./train_gpt_bf16 -e d12 -b 64 -d 524288 -o out/run
+#
+# Starts NUM_GPUS processes of PROGRAM on this machine, one per GPU, the way torchrun would: each gets
+# RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_ADDR/MASTER_PORT (127.0.0.1 and 29500, or
+# those already set). No MPI needed. Only rank 0 prints a run's progress. SIGTERM / SIGINT are passed
+# on to every rank (each finishes its step and, with -o, rank 0 writes a checkpoint). If a rank fails,
+# the others end too (train_gpt's watchdog sees it within seconds); this script exits with the first
+# non-zero exit code.
+set -u
+if [[ $# -lt 2 || $1 == -h || $1 == --help ]]; then
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    [[ $# -lt 2 ]] && exit 1 || exit 0
+fi
+n=$1
+shift
+[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "error: NUM_GPUS must be a positive integer, got '$n'" >&2; exit 1; }
+export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} MASTER_PORT=${MASTER_PORT:-29500} WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n
+pids=()
+for ((r = 0; r < n; r++)); do
+    RANK=$r LOCAL_RANK=$r "$@" &
+    pids+=($!)
+done
+forward() { kill -"$1" "${pids[@]}" 2>/dev/null; }
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+status=0
+remaining=$n
+while ((remaining > 0)); do
+    finished=""
+    wait -n -p finished
+    rc=$?
+    [[ -z ${finished:-} ]] && continue  # a signal (passed on above) interrupted the wait
+    remaining=$((remaining - 1))
+    [[ $rc -ne 0 && $status -eq 0 ]] && status=$rc
+done
+exit $status

@@ -1,0 +1,271 @@
+// test_distributed: the host side of data-parallel training (distributed.cuh), without a GPU:
+//   - shards: every element of n in exactly one rank's shard, for many n and world sizes
+//   - -d arithmetic: micro-batches per rank, and the sizes that do not split
+//   - resharding: arrays saved from N ranks' shards (place_gathered_chunk, chunk by chunk, as
+//     train_gpt gathers them) are the whole arrays; M ranks then take back exactly their part
+//   - launchers: rank, world and local rank from torchrun's, mpirun's and srun's variables;
+//     malformed ones are one-line errors; Slurm's node lists
+//   - rendezvous (processes on this machine, over TCP and over a file): every rank gets rank 0's id;
+//     a rank started with other flags is refused on every rank, naming what differs; a world-size
+//     mismatch and two processes claiming one rank are errors
+//   - the watchdog: a rank that dies ends the others within a few seconds with one line; a run that
+//     makes no progress ends; ranks that finish normally end without an error
+// Ends with `N passed, N failed, N skipped`.
+#include <sys/wait.h>
+
+#include <random>
+
+#include "distributed.cuh"
+
+static TestCounter counter;
+static void report(const std::string& name, bool ok, const std::string& detail = "") {
+    printf("  %-70s %s  %s\n", name.c_str(), ok ? "ok  " : "FAIL", detail.c_str());
+    counter.record(ok);
+}
+
+// Runs fn in a child process; returns its exit code (or 128 + signal) and its stderr.
+template <typename F> static int in_child(F fn, std::string* err = nullptr, pid_t* out_pid = nullptr) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return -1;
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(pipefd[0]);
+        dup2(pipefd[1], 2);
+        fn();
+        fflush(stdout);
+        _exit(0);
+    }
+    close(pipefd[1]);
+    if (out_pid) *out_pid = pid;
+    std::string text;
+    char buf[512];
+    ssize_t n;
+    while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) text.append(buf, size_t(n));
+    close(pipefd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (err) *err = text;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int free_port() {
+    int port = 0;
+    const int s = dist_listen("0", 1, &port);
+    close(s);
+    return port;
+}
+
+#if !defined(NO_NCCL)
+static ncclUniqueId test_id() {  // what rank 0 hands out: a known pattern, no NCCL call
+    ncclUniqueId id;
+    for (size_t i = 0; i < sizeof(id.internal); i++) id.internal[i] = char(i * 7 + 3);
+    return id;
+}
+#else
+static int test_id() { return 0; }
+#endif
+
+// Starts `world` ranks (children) that rendezvous at `where`, rank r with setups[r]; each child then
+// runs after(d) and exits 0. Returns each rank's exit code and stderr.
+template <typename After>
+static void run_ranks(int world, const std::string& where, const std::vector<std::string>& setups, std::vector<int>& codes,
+                      std::vector<std::string>& errs, After after, std::vector<int> claimed = {}, std::vector<int> worlds = {}) {
+    codes.assign(world, -1), errs.assign(world, "");
+    std::vector<int> pipes(world);
+    std::vector<pid_t> pids(world);
+    fflush(stdout);
+    for (int r = 0; r < world; r++) {
+        int p[2];
+        if (pipe(p) != 0) return;
+        const pid_t pid = fork();
+        if (pid == 0) {
+            close(p[0]);
+            dup2(p[1], 2);
+            Dist d;
+            d.rank = claimed.empty() ? r : claimed[r], d.world = worlds.empty() ? world : worlds[r];
+            d.local_rank = d.rank, d.local_world = d.world;
+            dist_rendezvous(d, where, setups[r], test_id);
+#if !defined(NO_NCCL)
+            const ncclUniqueId want = test_id();
+            if (memcmp(&d.id, &want, sizeof(want)) != 0) fail("rank %d got another id than rank 0's", d.rank);
+#endif
+            after(d);
+            _exit(0);
+        }
+        close(p[1]);
+        pipes[r] = p[0], pids[r] = pid;
+    }
+    for (int r = 0; r < world; r++) {
+        char buf[512];
+        ssize_t n;
+        while ((n = read(pipes[r], buf, sizeof(buf))) > 0) errs[r].append(buf, size_t(n));
+        close(pipes[r]);
+        int status = 0;
+        waitpid(pids[r], &status, 0);
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+}
+
+static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+static int count_lines(const std::string& s) { return (int)std::count(s.begin(), s.end(), '\n'); }
+
+int main() {
+    setenv("GPT_RENDEZVOUS_TIMEOUT", "10", 1);  // failing cases end in seconds, not minutes
+    printf("shards and batch arithmetic\n");
+    {
+        bool ok = true;
+        std::string detail = "n in {0, 1, 7, 100, 12345, 124475904} x world in {1, 2, 3, 8, 64}";
+        for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(100), size_t(12345), size_t(124475904)})
+            for (int world : {1, 2, 3, 8, 64}) {
+                size_t next = 0;
+                for (int r = 0; r < world; r++) {
+                    const size_t b = shard_begin(n, world, r), e = shard_end(n, world, r);
+                    if (b != next || e < b || e - b > shard_size(n, world)) ok = false;
+                    next = e;
+                }
+                if (next != n || shard_size(n, world) * world < n) ok = false;
+            }
+        report("every element in exactly one shard, shards contiguous and in order", ok, detail);
+        report("-d 2048 at B=4 T=256: 2 micro-batches on 1 GPU, 1 on 2", micro_steps_per_rank(2048, 4, 256, 1) == 2 &&
+                                                                             micro_steps_per_rank(2048, 4, 256, 2) == 1);
+        report("-d 3072 at B=4 T=256 on 2 GPUs, or -d 1024 on 2: no whole split (0)",
+               micro_steps_per_rank(3072, 4, 256, 2) == 0 && micro_steps_per_rank(1024, 4, 256, 2) == 0);
+    }
+    printf("resharding: saved from N ranks, resumed on M\n");
+    {
+        std::mt19937 gen(7);
+        for (size_t n : {size_t(1001), size_t(64), size_t(5)})
+            for (int N : {1, 2, 3, 8}) {
+                std::vector<float> whole(n);
+                for (float& x : whole) x = float(gen()) / 1e6f;
+                const size_t S = shard_size(n, N);
+                std::vector<std::vector<float>> shards(N, std::vector<float>(S, -7.0f));  // padding poisoned
+                for (int r = 0; r < N; r++)
+                    std::copy(whole.begin() + shard_begin(n, N, r), whole.begin() + shard_end(n, N, r), shards[r].begin());
+                std::vector<float> saved(n, NAN), gathered;
+                const size_t chunk = std::max<size_t>(1, S / 3);
+                for (size_t at = 0; at < S; at += chunk) {  // as gpt_gather_shards does, chunk by chunk
+                    const size_t k = std::min(chunk, S - at);
+                    gathered.assign(k * N, 0.0f);
+                    for (int r = 0; r < N; r++) std::copy(shards[r].begin() + at, shards[r].begin() + at + k, gathered.begin() + r * k);
+                    place_gathered_chunk(saved.data(), n, N, at, k, gathered.data());
+                }
+                bool ok = saved == whole;
+                for (int M : {1, 2, 5}) {  // resumed on M ranks: rank r takes [begin, end) of the whole arrays
+                    std::vector<float> again;
+                    for (int r = 0; r < M; r++)
+                        again.insert(again.end(), saved.begin() + shard_begin(n, M, r), saved.begin() + shard_end(n, M, r));
+                    ok = ok && again == whole;
+                }
+                report("n=" + std::to_string(n) + " saved from " + std::to_string(N) + " ranks, resumed on 1, 2, 5", ok);
+            }
+    }
+    printf("launchers\n");
+    {
+        auto env_case = [](const char* name, std::vector<std::pair<const char*, const char*>> vars, int rank, int world, int local) {
+            std::string err;
+            const int code = in_child([&] {
+                for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                      "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_NODES"})
+                    unsetenv(v);
+                for (auto& kv : vars) setenv(kv.first, kv.second, 1);
+                Dist d;
+                dist_from_env(d);
+                _exit(d.rank == rank && d.world == world && d.local_rank == local ? 0 : 3);
+            }, &err);
+            report(name, code == 0, code == 0 ? "" : "exit " + std::to_string(code) + " " + first_line(err));
+        };
+        env_case("no launcher: one process", {}, 0, 1, 0);
+        env_case("torchrun style: WORLD_SIZE=4 RANK=2 LOCAL_RANK=0", {{"WORLD_SIZE", "4"}, {"RANK", "2"}, {"LOCAL_RANK", "0"}}, 2, 4, 0);
+        env_case("mpirun: OMPI_COMM_WORLD_*", {{"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}},
+                 5, 8, 1);
+        env_case("srun: SLURM_STEP_NUM_TASKS, SLURM_PROCID, SLURM_LOCALID",
+                 {{"SLURM_STEP_NUM_TASKS", "16"}, {"SLURM_PROCID", "9"}, {"SLURM_LOCALID", "1"}}, 9, 16, 1);
+        env_case("torchrun's variables win over srun's", {{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"SLURM_STEP_NUM_TASKS", "16"},
+                 {"SLURM_PROCID", "9"}}, 1, 2, 1);
+        auto env_error = [](const char* name, std::vector<std::pair<const char*, const char*>> vars, const char* needle) {
+            std::string err;
+            const int code = in_child([&] {
+                for (auto& kv : vars) setenv(kv.first, kv.second, 1);
+                Dist d;
+                dist_from_env(d);
+            }, &err);
+            report(name, code == 1 && count_lines(err) == 1 && err.rfind("error: ", 0) == 0 && err.find(needle) != std::string::npos,
+                   first_line(err));
+        };
+        env_error("WORLD_SIZE=abc: one-line error", {{"WORLD_SIZE", "abc"}}, "WORLD_SIZE");
+        env_error("WORLD_SIZE without RANK: one-line error", {{"WORLD_SIZE", "2"}}, "RANK");
+        env_error("RANK=3 of WORLD_SIZE=2: one-line error", {{"WORLD_SIZE", "2"}, {"RANK", "3"}}, "outside");
+        report("Slurm node lists: gpu[03-04,07],cpu1 -> gpu03; n1,n2 -> n1; a[9] -> a9; solo -> solo",
+               slurm_first_host("gpu[03-04,07],cpu1") == "gpu03" && slurm_first_host("n1,n2") == "n1" && slurm_first_host("a[9]") == "a9" &&
+               slurm_first_host("solo") == "solo");
+    }
+    printf("rendezvous\n");
+    std::vector<int> codes;
+    std::vector<std::string> errs;
+    auto quiet = [](Dist& d) { dist_close(d); };
+    {
+        const std::string where = "127.0.0.1:" + std::to_string(free_port());
+        run_ranks(3, where, {"-b=4 -t=64", "-b=4 -t=64", "-b=4 -t=64"}, codes, errs, [](Dist& d) {
+            dist_start_watchdog(d, 0);
+            dist_close(d);
+        });
+        report("TCP, 3 ranks, the same setup: every rank gets rank 0's id, all end cleanly",
+               codes == std::vector<int>{0, 0, 0}, "exit codes " + std::to_string(codes[0]) + " " + std::to_string(codes[1]) + " " +
+                                                        std::to_string(codes[2]) + " " + first_line(errs[0] + errs[1] + errs[2]));
+        const std::string file = "file:/tmp/gpt_rendezvous_test_" + std::to_string(getpid());
+        run_ranks(2, file, {"x=1", "x=1"}, codes, errs, quiet);
+        report("a file on a shared file system, 2 ranks", codes == std::vector<int>{0, 0}, first_line(errs[0] + errs[1]));
+    }
+    {
+        const std::string where = "127.0.0.1:" + std::to_string(free_port());
+        run_ranks(3, where, {"-b=4 -t=64 data=1:ab", "-b=4 -t=64 data=1:ab", "-b=8 -t=64 data=1:ab"}, codes, errs, quiet);
+        const bool ok = codes == std::vector<int>{1, 1, 1} && errs[0].find("rank 2") != std::string::npos &&
+                        errs[0].find("'-b=8' where rank 0 has '-b=4'") != std::string::npos && count_lines(errs[0]) == 1 &&
+                        errs[2].find("rank 0 refused this rank") != std::string::npos && count_lines(errs[2]) == 1;
+        report("rank 2 started with -b 8: refused on every rank, the difference named", ok, first_line(errs[0]));
+        run_ranks(2, "127.0.0.1:" + std::to_string(free_port()), {"a", "a"}, codes, errs, quiet, {}, {2, 3});
+        report("rank 1 started with a world of 3, rank 0 with 2: error", codes[0] == 1 && errs[0].find("world of 3") != std::string::npos,
+               first_line(errs[0]));
+        run_ranks(3, "127.0.0.1:" + std::to_string(free_port()), {"a", "a", "a"}, codes, errs, quiet, {0, 1, 1});
+        report("two processes claim rank 1: error", codes[0] == 1 && errs[0].find("two processes claim rank 1") != std::string::npos,
+               first_line(errs[0]));
+        const double t0 = dist_now();
+        std::string err;
+        const int code = in_child([] {
+            Dist d;
+            d.rank = 1, d.world = 2;
+            dist_rendezvous(d, "127.0.0.1:" + std::to_string(free_port()), "a", test_id);
+        }, &err);
+        report("rank 0 never comes: one error within the time limit", code == 1 && err.find("cannot reach rank 0") != std::string::npos &&
+                                                                            dist_now() - t0 < 20, first_line(err));
+    }
+    printf("the watchdog\n");
+    {
+        const std::string where = "127.0.0.1:" + std::to_string(free_port());
+        const double t0 = dist_now();
+        run_ranks(3, where, {"a", "a", "a"}, codes, errs, [](Dist& d) {
+            dist_start_watchdog(d, 0);
+            if (d.rank == 1) _exit(9);  // dies without a word
+            for (;;) {  // the others would wait forever on it
+                dist_progress(d);
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+        });
+        const double took = dist_now() - t0;
+        const bool ok = codes[0] == 1 && codes[1] == 9 && codes[2] == 1 && errs[0].find("rank 1 ended") != std::string::npos &&
+                        errs[2].find("rank 0 ended") != std::string::npos && count_lines(errs[0]) == 1 && took < 15;
+        report("rank 1 dies: ranks 0 and 2 end with one line each", ok,
+               std::to_string(int(took)) + " s; rank 0: " + first_line(errs[0]) + " | rank 2: " + first_line(errs[2]));
+        run_ranks(2, "127.0.0.1:" + std::to_string(free_port()), {"a", "a"}, codes, errs, [](Dist& d) {
+            dist_start_watchdog(d, 1);  // -wt 1
+            if (d.rank == 0) std::this_thread::sleep_for(std::chrono::seconds(30));
+            else for (;;) dist_progress(d), std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        });
+        report("rank 0 makes no progress for -wt 1 s: it ends, and so does rank 1",
+               codes[0] == 1 && errs[0].find("no progress for") != std::string::npos && codes[1] == 1, first_line(errs[0]));
+    }
+    return counter.finish();
+}
