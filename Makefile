@@ -54,6 +54,8 @@ dev/cuda/%: dev/cuda/%.cu $(HEADERS) dev/lab.cuh
 build/test/%: test/%.cu $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
+# The tests share the labs' helpers (timing, tolerance checks, the pass/fail count).
+$(TEST_GPT_BINS) $(UNIT_BINS): dev/lab.cuh
 
 # The test runner checks that every program in this list was built.
 list-programs:
@@ -81,7 +83,7 @@ clean:
 # dev/layernorm/, not dev/cuda/, where every .cu becomes a program. The labs also include the
 # reference there, hence the extra prerequisites.
 LAYERNORM_DEV := $(wildcard dev/layernorm/*.cuh)
-build/liblayernorm_capi.so: dev/layernorm/layernorm_capi.cu $(LAYERNORM_DEV) $(HEADERS)
+build/liblayernorm_capi.so: dev/layernorm/layernorm_capi.cu $(LAYERNORM_DEV) $(HEADERS) dev/lab.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
 all: build/liblayernorm_capi.so

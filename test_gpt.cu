@@ -14,6 +14,8 @@
 #define TESTING
 #include "train_gpt.cu"
 
+#include "dev/lab.cuh"  // TestCounter
+
 #if defined(ENABLE_FP32)
 constexpr double kTensorTol = 1e-4, kLossTol = 1e-5;
 #else

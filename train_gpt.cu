@@ -108,23 +108,6 @@ inline bool config_from_descriptor(const std::string& d, GPTConfig& c) {
     return false;
 }
 
-// A small, portable, seedable generator (splitmix64): the same stream on every machine.
-struct Rng {
-    uint64_t state;
-    explicit Rng(uint64_t seed = 0) : state(seed) {}
-    uint64_t next() {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
-    float normal() {
-        const double u1 = 1.0 - uniform(), u2 = uniform();  // u1 in (0, 1]: log is finite
-        return (float)(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-    }
-};
-
 // GPT-2's init: N(0, 0.02) for matrices and embeddings, N(0, 0.02 / sqrt(2L)) for the two residual
 // projections (attprojw, fcprojw), LayerNorm weights 1, every bias 0, padded vocabulary rows 0.
 inline HostModel random_init(const GPTConfig& c, uint64_t seed) {
