@@ -1520,12 +1520,29 @@ inline size_t flash_attention_backward_ds_bytes(int B, int T, int NH, int HS) {
     return flash_attention_supported(HS) ? flash_detail::backward_ds_bytes(B, T, NH) : 0;
 }
 
+// The optional parts of a flash_attention_backward call, each set by name (the defaults: no room for
+// dS, the default stream):
+//   ds_scratch, ds_scratch_bytes: the room for dS above (null or too small: dq recomputes it).
+struct FlashAttentionBackwardOptions {
+    void* ds_scratch = nullptr;
+    size_t ds_scratch_bytes = 0;
+    cudaStream_t stream = 0;
+    FlashAttentionBackwardOptions& with_ds_scratch(void* p, size_t bytes) {
+        ds_scratch = p, ds_scratch_bytes = bytes;
+        return *this;
+    }
+    FlashAttentionBackwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
 // dqkv (B, T, 3*NH*HS), overwritten, from dout and out (B, T, NH*HS), lse (B, NH, T) and qkv.
-// scratch: flash_attention_backward_scratch_bytes; ds_scratch (may be nullptr): see above.
+// scratch: flash_attention_backward_scratch_bytes; options: see above.
 inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                                      const float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int HS,
-                                     cudaStream_t stream = 0, void* ds_scratch = nullptr, size_t ds_scratch_bytes = 0) {
+                                     const FlashAttentionBackwardOptions& options = FlashAttentionBackwardOptions()) {
     using namespace flash_detail;
+    void* const ds_scratch = options.ds_scratch;
+    const size_t ds_scratch_bytes = options.ds_scratch_bytes;
+    const cudaStream_t stream = options.stream;
     check_shape(B, T, NH, HS);
     float* D = static_cast<float*>(scratch);
     const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(out) &&

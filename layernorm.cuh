@@ -664,12 +664,23 @@ template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(i
 // ---------------------------------------------------------------------------------------------
 // Public API. All launches go to `stream`; nothing synchronizes.
 
-// out_ld: the distance between out's rows in elements, >= C (0: C); elements [C, out_ld) of each row
-// are left as they are (train_gpt keeps a column of ones there, matmul_backward_weight_bias).
+// The optional parts of a layernorm_forward call, each set by name (the defaults: out_ld = C, the
+// default stream):
+//   out_ld: the distance between out's rows in elements, >= C (0: C); elements [C, out_ld) of each
+//           row are left as they are (train_gpt keeps a column of ones there, matmul_backward_weight_bias).
+struct LayerNormForwardOptions {
+    int out_ld = 0;
+    cudaStream_t stream = 0;
+    LayerNormForwardOptions& with_out_ld(int ld) { out_ld = ld; return *this; }
+    LayerNormForwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
+// out (N, C) = LayerNorm(inp) with weight and bias (C); mean and rstd (N; either may be null) for the
+// backward.
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                       cudaStream_t stream = 0, int out_ld = 0) {
-    layernorm_detail::forward_launch<T>(out, mean, rstd, inp, weight, bias, N, C, out_ld, stream);
+                       const LayerNormForwardOptions& options = LayerNormForwardOptions()) {
+    layernorm_detail::forward_launch<T>(out, mean, rstd, inp, weight, bias, N, C, options.out_ld, options.stream);
 }
 
 // Bytes of scratch layernorm_backward needs for these shapes on the current device, with or without
@@ -687,13 +698,22 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     return floats * sizeof(float);
 }
 
-// dinp += dL/dinp, dweight += ..., dbias += ... (see the top comment). next_dbias (C,), optional:
-// += the column sums of dinp as written by this call (sum over the N rows), i.e. the bias gradient of
-// the linear layer whose output gradient dinp also is; nullptr (the default) skips it at no cost.
+// The optional parts of a layernorm_backward call, each set by name (the defaults: no next_dbias, the
+// default stream):
+//   next_dbias (C): += the column sums of dinp as written by this call (sum over the N rows), i.e. the
+//           bias gradient of the linear layer whose output gradient dinp also is; null skips it at no cost.
+template <typename T> struct LayerNormBackwardOptions {
+    T* next_dbias = nullptr;
+    cudaStream_t stream = 0;
+    LayerNormBackwardOptions& with_next_dbias(T* d) { next_dbias = d; return *this; }
+    LayerNormBackwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
+// dinp += dL/dinp, dweight += ..., dbias += ... (see the top comment), with the options above.
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream = 0,
-                        T* next_dbias = nullptr) {
-    layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(dinp, dweight, dbias, scratch, dout, inp,
-                                                                                 weight, mean, rstd, N, C, stream, next_dbias);
+                        const float* mean, const float* rstd, int N, int C,
+                        const LayerNormBackwardOptions<T>& options = LayerNormBackwardOptions<T>()) {
+    layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(
+        dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, options.stream, options.next_dbias);
 }

@@ -174,7 +174,7 @@ static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
         floatX* out = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe output");
         floatX* pre = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe pre-activation");
         const size_t fused_before = b.gelu_fused;
-        matmul_forward(out, inp, weight, bias, N, K, X, pre);
+        matmul_forward(out, inp, weight, bias, N, K, X, MatmulForwardOptions<floatX>().with_pre_gelu(pre));
         cuda_check(cudaDeviceSynchronize());
         if (b.gelu_fused == fused_before) {
             printf("  forward          not probed: cuBLASLt has no GELU_AUX_BIAS algorithm for the probe\n");
@@ -206,7 +206,7 @@ static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
         floatX* dinp = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe dinp");
         floatX* dweight = upload<floatX>(std::vector<float>(size_t(K) * X, 0.0f), "probe dweight");
         const size_t fused_before = b.gelu_fused;
-        matmul_backward(dinp, dweight, (floatX*)nullptr, dout, pre, weight, N, X, K, (const floatX*)pre);
+        matmul_backward(dinp, dweight, (floatX*)nullptr, dout, pre, weight, N, X, K, MatmulBackwardOptions<floatX>().with_pre_gelu(pre));
         cuda_check(cudaDeviceSynchronize());
         if (b.gelu_fused == fused_before) {
             printf("  backward         not probed: cuBLASLt has no DGELU algorithm for the probe\n");

@@ -206,7 +206,8 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
             ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
             break;
         case 11:
-            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr, sc.ds->n * sizeof(uint4));
+            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS,
+                                     FlashAttentionBackwardOptions().with_ds_scratch(sc.ds->ptr, sc.ds->n * sizeof(uint4)));
             if (!flash_attention_supported(HS)) return "plain path for this HS";
             break;
         case 12:
@@ -343,8 +344,9 @@ bool check_deterministic(const AttnShape& s) {
     for (bool with_ds : {true, false}) {
         d1.poison(), d2.poison();
         for (DeviceBuffer<bf16>* d : {&d1, &d2})
-            flash_attention_backward(d->ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS, 0,
-                                     with_ds ? sc.ds->ptr : nullptr, with_ds ? ds_bytes : 0);
+            flash_attention_backward(d->ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS,
+                                     FlashAttentionBackwardOptions().with_ds_scratch(with_ds ? sc.ds->ptr : nullptr,
+                                                                                     with_ds ? ds_bytes : 0));
         const auto a = d1.download(), b = d2.download();
         const bool ok = memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
         printf("  header backward run twice (%s): %s\n", with_ds ? "dS stored" : "dS recomputed", ok ? "bitwise identical" : "DIFFERENT");

@@ -251,7 +251,8 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
             using namespace layernorm_lab;
             const int min_block = g_min_block ? g_min_block : kForwardMinBlockOf<T>;  // the knobs pick the launcher's template arguments
             if (!g_wpr && !g_stream_loads && !g_min_block)
-                layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, 0, out_ld);  // the header, as training runs it
+                layernorm_forward(out, mean, rstd, inp, weight, bias, N, C,
+                                  LayerNormForwardOptions().with_out_ld(out_ld));  // the header, as training runs it
             else if (g_stream_loads && min_block == 32)
                 forward_variant_launch<T, false, true, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             else if (g_stream_loads)
