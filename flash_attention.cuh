@@ -39,7 +39,7 @@
 //     for 128 (2 tiles spill there); backward with room for dS at HS 64 on compute capability 9.0: the
 //     key side on wgmma (backward_dkdv_wgmma_kernel, a warpgroup per 64 keys, 3 per SM), elsewhere
 //     4 warps x 16 rows per block, streamed tiles of 64, all HS.
-//     At B=64 NH=12 T=1024 HS=64 (H100, stop 21): forward ~275-296 TFLOP/s, backward with dS stored
+//     At B=64 NH=12 T=1024 HS=64 (H100, 2026-11-25): forward ~275-296 TFLOP/s, backward with dS stored
 //     ~230 (PyTorch SDPA flash in the same process: ~187, ~154).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
 //     Every other head size up to 256 (and misaligned pointers) takes a plain path in this header:

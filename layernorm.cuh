@@ -638,8 +638,9 @@ void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, floa
     cuda_check_launch();
 }
 
-// PREFETCH is a parameter so that the lab can run the kernel both ways; layernorm_backward passes
-// kBackwardPrefetch<T>. A null next_dbias runs the kernels without the column sums (COLSUM = false).
+// layernorm_backward passes PREFETCH = kBackwardPrefetch<T> (bf16 prefetches, fp32 does not); the lab
+// also runs bf16 without the prefetch (its version 7). A null next_dbias runs the kernels without the
+// column sums (COLSUM = false).
 template <typename T, bool PREFETCH>
 void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
                      const float* mean, const float* rstd, int N, int C, cudaStream_t stream, T* next_dbias = nullptr) {
@@ -662,7 +663,7 @@ template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(i
 }  // namespace layernorm_detail
 
 // ---------------------------------------------------------------------------------------------
-// Public API. All launches go to `stream`; nothing synchronizes.
+// Public API. All launches go to the options' stream (default: the default stream); nothing synchronizes.
 
 // The optional parts of a layernorm_forward call, each set by name (the defaults: out_ld = C, the
 // default stream):

@@ -21,8 +21,9 @@
 //     refuses the one it offered, or a leading dimension is not whole 16-byte vectors (see
 //     matmul_plan), a plain cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to
 //     be fused): the same result, unfused. dweight (D += in place, beta = 1) goes through cuBLASLt
-//     as well since stop 18, tuned like the rest (the tuner puts D back before every candidate's run);
-//     it was on cublasGemmEx before, where the heuristic's own lists held nothing faster.
+//     as well since commit 4d56780, tuned like the rest (the tuner puts D back before every
+//     candidate's run); it was on cublasGemmEx before, where the heuristic's own lists held nothing
+//     faster.
 //   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's
 //     candidates (up to 16 asked; it offered at most 8 for GPT-2's shapes on the H100) among those
 //     whose output is bit for bit its first choice's. So the choice costs nothing in determinism.
@@ -728,7 +729,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // ~0.11 ms a layer each for qkv and fc at B=64 T=1024 on an H100, dev/cuda/matmul.cu). The GEMM
 // writes fp32 into scratch ((OC, inp_ld) floats, overwritten), and a small kernel adds it into
 // dweight (OC, C) and dbias (OC): each gradient rounded to T once, as D += in the GEMM would.
-// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, stop 20, lab): qkv
+// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, lab, 2026-11-25): qkv
 // (OC = 2304) 0.332 ms against 0.332 + 0.106 for dweight and the matrix-vector dbias, fc (OC = 3072)
 // 0.440 against 0.442 + 0.137; training at B=64 +0.8%. Falls back to the two-pass way where cuBLASLt
 // has no algorithm (shapes whose leading dimensions are not whole 16-byte vectors).

@@ -48,12 +48,13 @@
 //      registers a thread, one block per SM, 16 warps each with twice 3's loads in flight. Measured
 //      against 3: fewer exponentials, fewer warps.
 //   5  the header's fused_classifier_shared_kernel<T, 512> (what training runs): the row kept in
-//      shared memory instead, copied by cp.async (16 bytes a copy, every copy issued before the wait, no registers held), so
-//      a bf16 GPT-2 row (100 KB) lets two 512-thread blocks share an SM: one block's loads overlap
-//      the other's reductions and exponentials, which versions 3 and 4 cannot do. Max, then sum, then
-//      dlogits as in 3 (two exponentials per value), reading the row from shared memory three times.
-//      Needs Vp * sizeof(T) within the device's shared memory per block (227 KB on the H100: fp32
-//      GPT-2 rows fit, one block per SM), besides version 2's conditions.
+//      shared memory instead, copied by cp.async (16 bytes a copy, every copy issued before the
+//      wait, no registers held), so a bf16 GPT-2 row (100 KB) lets two 512-thread blocks share an
+//      SM: one block's loads overlap the other's reductions and exponentials, which versions 3 and 4
+//      cannot do. Max, then sum, then dlogits as in 3 (two exponentials per value), reading the row
+//      from shared memory three times. Needs Vp * sizeof(T) within the device's shared memory per
+//      block (227 KB on the H100: fp32 GPT-2 rows fit, one block per SM), besides version 2's
+//      conditions.
 //   Versions 3-5 need what version 2 needs, plus a row that fits; elsewhere the lab says so and does
 //   not run them (the header's fused_classifier falls back from 5 to 2, else 1).
 //
