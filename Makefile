@@ -74,6 +74,8 @@ dev/cuda/%: dev/cuda/%.cu $(HEADERS) dev/lab.cuh
 build/test/%: test/%.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS) $(NCCL_LIBS)
+# The tests share the labs' helpers (timing, tolerance checks, the pass/fail count).
+$(TEST_GPT_BINS) $(UNIT_BINS): dev/lab.cuh
 
 # The LD_PRELOAD library that kills or fails file operations for the checkpoint tests (host C).
 build/test/libfault_inject.so: test/fault_inject.c
@@ -114,7 +116,7 @@ clean:
 # dev/layernorm/, not dev/cuda/, where every .cu becomes a program. The labs also include the
 # reference there, hence the extra prerequisites.
 LAYERNORM_DEV := $(wildcard dev/layernorm/*.cuh)
-build/liblayernorm_capi.so: dev/layernorm/layernorm_capi.cu $(LAYERNORM_DEV) $(HEADERS)
+build/liblayernorm_capi.so: dev/layernorm/layernorm_capi.cu $(LAYERNORM_DEV) $(HEADERS) dev/lab.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
 all: build/liblayernorm_capi.so

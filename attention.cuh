@@ -7,8 +7,9 @@
 //
 // Non-obvious choices:
 //   - Correct for any T and head size: cuBLAS takes any shape, and the softmax masks by position.
-//     It stores the (B, NH, T, T) probabilities per layer, which is what limits batch size; the
-//     fused flash attention (a later issue) removes that.
+//     It stores the (B, NH, T, T) probabilities per layer, which is what limits batch size;
+//     flash_attention.cuh (bf16, what training takes where it runs) keeps one log-sum-exp per row
+//     instead.
 //   - The scores are computed straight into the layer's `att` buffer and normalized in place: each
 //     lane rewrites only the elements it read itself, so no second buffer is needed.
 //   - The softmax reads in the storage type and reduces in fp32; the entries above the diagonal

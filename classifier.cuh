@@ -13,15 +13,16 @@
 //     then. Several vectors per thread are loaded before any is used, to keep enough bytes in
 //     flight. dev/cuda/classifier.cu measures it against the scalar kernel below (the fallback for
 //     any other Vp or alignment): 71% of copy on the H100, against 41%.
-//   - The on-chip kernels (same vector conditions, and a row that fits) read the row from memory
-//     exactly once and keep it on the SM until its dlogits are written: in registers (each 16-byte
-//     vector of the row held by one thread, BLOCK threads x VPT vectors, all loads issued before
-//     any value is used; one block per SM, as the registers allow) or in shared memory
-//     (cp.async copies, no registers held, two 512-thread blocks per SM for a bf16 GPT-2 row of
-//     100 KB, so one block's loads overlap the other's arithmetic). With the whole row at hand they
-//     take the maximum first and then the sum of exponentials, no running rescale. Training runs the
-//     shared-memory one (version 5; kClassifierVersion below): 99.5% of copy on the H100 at GPT-2's
-//     shape, against the vector kernel's 72% (dev/cuda/classifier.cu, stop 13).
+//   - The on-chip kernel (same vector conditions, and a row that fits in shared memory) reads the
+//     row from memory exactly once and keeps it on the SM until its dlogits are written: in shared
+//     memory (cp.async copies, no registers held, two 512-thread blocks per SM for a bf16 GPT-2 row
+//     of 100 KB, so one block's loads overlap the other's arithmetic). With the whole row at hand it
+//     takes the maximum first and then the sum of exponentials, no running rescale. fused_classifier
+//     runs it wherever the row fits, else the vector kernel, else the scalar one. On the H100 at
+//     GPT-2's shape (65536 rows, Vp 50304, bf16) it reaches 99.5% of copy (4.39 ms) against the
+//     vector kernel's 72% (6.03 ms) (dev/cuda/classifier.cu, version 5). The lab's versions 3 and 4
+//     keep the row in registers instead: 3 reaches 86%, 4 as much as this kernel but at 128
+//     registers a thread where this one needs 32, and neither holds an fp32 GPT-2 row.
 //   - __expf (ex2.approx after a multiply by log2 e; a few units in the last place for the arguments
 //     here, all <= 0): the accurate expf costs ~10 instructions a value, and two exponentials per
 //     logit at that price would make this pass compute-bound.
@@ -133,33 +134,13 @@ __global__ void __launch_bounds__(kClassifierVecThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// On-chip kernels: the row is read from memory once and kept on the SM.
+// On-chip kernel: the row is read from memory once and kept on the SM.
 
-// Which kernel fused_classifier runs, by the lab's numbers (dev/cuda/classifier.cu): 2 the vector
-// kernel, 3 registers with 1024 threads x 7 vectors, 4 registers with 512 threads x 13 vectors, 5
-// shared memory. 3-5 fall back to 2 (then 1) on a row they cannot hold. 5: on the H100 at GPT-2's
-// shape (65536 rows, Vp 50304, bf16) it and 4 both reach 99.5% of copy (4.39 ms) against 2's 72%
-// (6.03 ms) and 3's 86%; 5 needs 32 registers instead of 128 and also holds an fp32 row.
-constexpr int kClassifierVersion = 5;
-static_assert(kClassifierVersion >= 2 && kClassifierVersion <= 5, "kClassifierVersion: 2, 3, 4 or 5");
-
-// The register kernels' shapes: BLOCK threads holding VPT 16-byte vectors each (Vp <= BLOCK * VPT * 8
-// in bf16, half that in fp32), KEEP_EXP whether the exponentials of the sum are kept in registers for
-// the dlogits (one exponential a value, VPT * 8 more floats a thread in bf16) or computed again.
-// Version 3: 1024 x 7 hold Vp <= 57344 (GPT-2's 50304) within 64 registers a thread (one block per
-// SM) only by computing the exponentials again. Version 4: 512 x 13 hold Vp <= 53248 and keep them,
-// 128 registers a thread, one block per SM. fp32 GPT-2 rows (Vp > 28672) fit neither: the vector
-// kernel runs them.
-template <int BLOCK_, int VPT_, bool KEEP_EXP_> struct ClassifierRegisters {
-    static constexpr int BLOCK = BLOCK_, VPT = VPT_;
-    static constexpr bool KEEP_EXP = KEEP_EXP_;
-};
-using ClassifierRegistersWide = ClassifierRegisters<1024, 7, false>;   // version 3
-using ClassifierRegistersNarrow = ClassifierRegisters<512, 13, true>;  // version 4
+// The shared-memory kernel's block: 512 threads, two blocks per SM for a bf16 GPT-2 row.
 constexpr int kClassifierSharedThreads = 512;
 
-// The on-chip kernels hold a 16-byte vector as its four 32-bit words (uint4), each word one fp32 or
-// two bf16 (element 2k in the low half of word k), and read values out of the words with shifts and
+// The on-chip kernel holds a 16-byte vector as its four 32-bit words (uint4), each word one fp32 or
+// two bf16 (element 2k in the low half of word k), and reads values out of the words with shifts and
 // masks. Holding Vec128<bf16> and touching single elements lets the compiler give every bf16 its
 // own 32-bit register: twice the registers, and spills.
 template <typename T> constexpr unsigned kNegInfWord = sizeof(T) == 2 ? 0xff80ff80u : 0xff800000u;  // -inf, -inf
@@ -278,93 +259,6 @@ template <typename T> bool classifier_vectors_fit(const T* logits, int Vp) {
     return Vp % Vec128<T>::size == 0 && is_aligned16(logits);
 }
 
-// Registers: one block per row, vector i of the row held by thread i % BLOCK in slot i / BLOCK, for
-// Vp <= BLOCK * VPT * VS. Slots past the real columns (the padding in the last vector with real
-// columns, the padding-only vectors, the slots past the row) hold -inf, so the maximum and the sum
-// need no per-value test: exp(-inf - m) = 0. Loads and stores are streaming (evict-first: each line
-// is read once and written once).
-template <typename T, int BLOCK, int VPT, bool KEEP_EXP>
-__global__ void __launch_bounds__(BLOCK, 1)
-    fused_classifier_registers_kernel(T* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
-    constexpr int VS = Vec128<T>::size;
-    __shared__ float smax[BLOCK / 32], ssum[BLOCK / 32];
-    T* x = logits + size_t(blockIdx.x) * Vp;
-    const int vectors = Vp / VS, vectors_with_v = (V + VS - 1) / VS;
-    const int target = targets[blockIdx.x];
-    uint4 v[VPT];  // slot u: vector threadIdx.x + u * BLOCK of the row
-#pragma unroll
-    for (int u = 0; u < VPT; u++) {  // every load issued before any value is used
-        const int i = threadIdx.x + u * BLOCK;
-        v[u] = make_uint4(kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>);
-        if (i < vectors_with_v) v[u] = __ldcs(reinterpret_cast<const uint4*>(x + size_t(i) * VS));
-    }
-    // The vector holding columns V - V % VS .. V - 1 and then padding, and the target's vector (its
-    // logit read from the registers). Tests on each slot, not a slot index computed from the column:
-    // a computed index would put v in local memory.
-    const int tail = V % VS != 0 ? V / VS : -1;
-    float target_logit = 0.0f;
-#pragma unroll
-    for (int u = 0; u < VPT; u++) {
-        const int i = threadIdx.x + u * BLOCK;
-        if (i == tail) v[u] = with_negative_infinity_from<T>(v[u], V % VS);
-        if (i == target / VS) {
-#pragma unroll
-            for (int j = 0; j < VS; j++)
-                if (j == target % VS) target_logit = value_of<T>(v[u], j);
-        }
-    }
-    float m = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < VPT; u++) m = vec_max<T>(v[u], m);
-    m = block_max<BLOCK>(m, smax);
-    float e[KEEP_EXP ? VPT : 1][VS];  // KEEP_EXP: the exponentials, kept for the dlogits
-    float s = 0.0f;
-#pragma unroll
-    for (int u = 0; u < VPT; u++) {
-        float eu[VS];
-        vec_exp<T>(v[u], m, eu);
-        s += vec_sum<T>(eu);  // one partial sum per vector
-        if constexpr (KEEP_EXP) {
-#pragma unroll
-            for (int j = 0; j < VS; j++) e[u][j] = eu[j];
-        }
-    }
-    s = block_sum<BLOCK>(s, ssum);
-    if (threadIdx.x == (target / VS) % BLOCK) losses[blockIdx.x] = logf(s) + m - target_logit;
-    if (dloss == 0.0f) return;
-    const float inv = 1.0f / s;
-    // Without KEEP_EXP the exponentials are computed again from the row's values. The empty asm makes
-    // m a value the compiler cannot prove equal to the one above (it is), so it cannot merge the two
-    // sets of exponentials and keep VPT * VS floats alive across the reduction (over 64 registers at
-    // 1024 threads: spills).
-    if constexpr (!KEEP_EXP) asm volatile("" : "+f"(m));
-#pragma unroll
-    for (int u = 0; u < VPT; u++) {
-        const int i = threadIdx.x + u * BLOCK;
-        if (i >= vectors) continue;
-        float eu[VS];
-        if constexpr (KEEP_EXP) {
-#pragma unroll
-            for (int j = 0; j < VS; j++) eu[j] = e[u][j];
-        } else {
-            vec_exp<T>(v[u], m, eu);
-        }
-        dlogits_of<T>(eu, inv, i, target, dloss).store_stream(x + size_t(i) * VS);
-    }
-}
-
-template <typename C, typename T> bool classifier_registers_fit(const T* logits, int Vp) {
-    return classifier_vectors_fit(logits, Vp) && Vp <= C::BLOCK * C::VPT * Vec128<T>::size;
-}
-
-template <typename C, typename T>
-void fused_classifier_registers(T* logits, float* losses, const int* targets, float dloss, int rows, int V, int Vp,
-                                cudaStream_t stream = 0) {
-    fused_classifier_registers_kernel<T, C::BLOCK, C::VPT, C::KEEP_EXP>
-        <<<rows, C::BLOCK, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
-    cuda_check_launch();
-}
-
 // cp.async (sm_80+): a 16-byte copy global -> shared without passing through registers; .cg skips L1.
 // The "memory" clobbers keep the compiler from moving shared-memory accesses across them.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
@@ -454,21 +348,11 @@ void fused_classifier_shared(T* logits, float* losses, const int* targets, float
 // ---------------------------------------------------------------------------------------------
 
 // targets: device (rows) ids, each in [0, V). dloss = 0 computes the losses only (logits kept).
-// Runs version kClassifierVersion where the row fits it, else the vector kernel, else the scalar one.
+// Runs the shared-memory kernel where the row fits it, else the vector kernel, else the scalar one.
 template <typename T>
 void fused_classifier(T* logits, float* losses, const int* targets, float dloss, int rows, int V, int Vp,
                       cudaStream_t stream = 0) {
-    using Wide = ClassifierRegistersWide;
-    using Narrow = ClassifierRegistersNarrow;
-    if (kClassifierVersion == 3 && classifier_registers_fit<Wide>(logits, Vp)) {
-        fused_classifier_registers<Wide>(logits, losses, targets, dloss, rows, V, Vp, stream);
-        return;
-    }
-    if (kClassifierVersion == 4 && classifier_registers_fit<Narrow>(logits, Vp)) {
-        fused_classifier_registers<Narrow>(logits, losses, targets, dloss, rows, V, Vp, stream);
-        return;
-    }
-    if (kClassifierVersion == 5 && classifier_shared_fits(logits, Vp)) {
+    if (classifier_shared_fits(logits, Vp)) {
         fused_classifier_shared<T>(logits, losses, targets, dloss, rows, V, Vp, stream);
         return;
     }

@@ -2,8 +2,8 @@
 //   - error handling: cuda_check / cublas_check, and fail() for a one-line error plus a non-zero exit
 //   - floatX: the activation/parameter type of a training build (PRECISION=FP32|BF16)
 //   - Vec128<T>: the one 128-bit vector type, for 16-byte loads and stores
-//   - time_median_ms: the one timing helper (CUDA events, warm-up, median of many runs)
-//   - check_close / TestCounter: the one tolerance check and the `N passed, N failed, N skipped` line
+//   - Rng: the one pseudo-random generator (splitmix64, host)
+// The labs' and tests' own helpers (timing, tolerance checks, the pass/fail count) are in dev/lab.cuh.
 // Host-only programs may include it too (it needs only the CUDA runtime headers).
 #pragma once
 
@@ -78,11 +78,6 @@ typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
 #endif
 
-// Name of a storage type, for messages and tables.
-template <typename T> inline const char* dtype_name();
-template <> inline const char* dtype_name<float>() { return "fp32"; }
-template <> inline const char* dtype_name<__nv_bfloat16>() { return "bf16"; }
-
 // ---------------------------------------------------------------------------------------------
 // Vec128<T>: 16 bytes of T, loaded and stored in one instruction (LDG.128 / STG.128). The pointer
 // must be 16-byte aligned; callers take the vector path only when it is.
@@ -96,11 +91,6 @@ template <typename T> struct alignas(16) Vec128 {
     __device__ static Vec128 load(const T* ptr) {
         Vec128 out;
         *reinterpret_cast<int4*>(out.v) = *reinterpret_cast<const int4*>(ptr);
-        return out;
-    }
-    __device__ static Vec128 zero() {
-        Vec128 out;
-        *reinterpret_cast<int4*>(out.v) = make_int4(0, 0, 0, 0);  // 0.0 in fp32 and bf16 alike
         return out;
     }
     // Streaming load: data read once, do not keep it in L1/L2 at the expense of data reused later.
@@ -125,83 +115,27 @@ __host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <typename T> __host__ __device__ inline T from_float(float x);
 template <> __host__ __device__ inline float from_float<float>(float x) { return x; }
 template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-inline double to_double(double x) { return x; }
-inline double to_double(float x) { return x; }
-inline double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // ---------------------------------------------------------------------------------------------
-// Timing: median of `reps` runs after `warmup` runs, each run timed with its own pair of events.
-// `run` is any callable that enqueues work on `stream`.
+// Rng: reproducible pseudo-random numbers on the host (splitmix64). train_gpt draws its
+// initialization, data order and sampling from it, so its stream and these methods must stay as they
+// are: checkpoints, resumed runs and their data order depend on them. The labs and tests draw their
+// inputs from it too, so the same seed gives the same inputs everywhere.
 
-template <typename F> float time_median_ms(F run, int warmup = 10, int reps = 50, cudaStream_t stream = 0) {
-    for (int i = 0; i < warmup; i++) run();
-    cuda_check(cudaStreamSynchronize(stream));
-    std::vector<cudaEvent_t> events(2 * reps);
-    for (auto& e : events) cuda_check(cudaEventCreate(&e));
-    for (int i = 0; i < reps; i++) {
-        cuda_check(cudaEventRecord(events[2 * i], stream));
-        run();
-        cuda_check(cudaEventRecord(events[2 * i + 1], stream));
+struct Rng {
+    uint64_t state;
+    explicit Rng(uint64_t seed = 0) : state(seed) {}
+    uint64_t next() {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
     }
-    cuda_check(cudaStreamSynchronize(stream));
-    std::vector<float> ms(reps);
-    for (int i = 0; i < reps; i++) cuda_check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]));
-    for (auto& e : events) cuda_check(cudaEventDestroy(e));
-    std::sort(ms.begin(), ms.end());
-    return ms[reps / 2];
-}
-
-// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured in the same run as
-// a benchmark so kernels are reported as a fraction of what this card does today.
-inline double measure_copy_bandwidth_gbs(size_t bytes = size_t(2) << 30) {
-    void *src = device_malloc(bytes, "copy-bandwidth source"), *dst = device_malloc(bytes, "copy-bandwidth target");
-    cuda_check(cudaMemset(src, 1, bytes));
-    float ms = time_median_ms([&] { cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 3, 20);
-    cuda_check(cudaFree(src));
-    cuda_check(cudaFree(dst));
-    return 2.0 * bytes / (ms * 1e-3) / 1e9;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Tests: one tolerance check and one counter, shared by every dev program and test.
-
-struct TestCounter {
-    int passed = 0, failed = 0, skipped = 0;
-    void pass() { passed++; }
-    void fail_one() { failed++; }
-    void skip(const char* what) {
-        printf("%s: skipped (no CUDA device)\n", what);
-        skipped++;
+    double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1), 53 random bits
+    float normal() {
+        const double u1 = 1.0 - uniform(), u2 = uniform();  // u1 in (0, 1]: log is finite
+        return (float)(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
     }
-    void record(bool ok) { ok ? passed++ : failed++; }
-    // Prints the closing count line; returns the process exit code.
-    int finish() const {
-        printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
-        return failed == 0 ? 0 : 1;
-    }
+    // [lo, hi) from 24 random bits (a float's worth): the labs' and tests' inputs.
+    float uniform(float lo, float hi) { return lo + (hi - lo) * float((next() >> 40) * (1.0 / 16777216.0)); }
 };
-
-// Compares `got` against the higher-precision reference `ref`, element by element, with the bound
-// |got - ref| <= atol + rtol * |ref|. Non-finite values (unwritten poison included) always fail.
-// Prints one line: what was compared, the worst error, and the bound it was held to.
-template <typename G, typename R>
-bool check_close(const char* what, const G* got, const R* ref, size_t n, double atol, double rtol,
-                 bool verbose = true) {
-    double worst_excess = -1e300, worst_abs = 0.0;
-    size_t worst_i = 0, bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double g = (double)to_double(got[i]), r = (double)ref[i];
-        double err = std::fabs(g - r), bound = atol + rtol * std::fabs(r);
-        bool ok = std::isfinite(g) && err <= bound;
-        if (!ok) bad++;
-        double excess = std::isfinite(g) ? err - bound : 1e300;
-        if (excess > worst_excess) worst_excess = excess, worst_i = i;
-        if (std::isfinite(g)) worst_abs = std::max(worst_abs, err);
-    }
-    if (verbose || bad) {
-        double g = n ? (double)to_double(got[worst_i]) : 0.0, r = n ? (double)ref[worst_i] : 0.0;
-        printf("  %-40s %s  max|err| %.3e  bound %.1e + %.1e|ref|  worst [%zu] got %.6g ref %.6g  (%zu/%zu bad)\n",
-               what, bad ? "FAIL" : "ok  ", worst_abs, atol, rtol, worst_i, g, r, bad, n);
-    }
-    return bad == 0;
-}

@@ -39,7 +39,7 @@
 //     for 128 (2 tiles spill there); backward with room for dS at HS 64 on compute capability 9.0: the
 //     key side on wgmma (backward_dkdv_wgmma_kernel, a warpgroup per 64 keys, 3 per SM), elsewhere
 //     4 warps x 16 rows per block, streamed tiles of 64, all HS.
-//     At B=64 NH=12 T=1024 HS=64 (H100, stop 21): forward ~275-296 TFLOP/s, backward with dS stored
+//     At B=64 NH=12 T=1024 HS=64 (H100, 2026-11-25): forward ~275-296 TFLOP/s, backward with dS stored
 //     ~230 (PyTorch SDPA flash in the same process: ~187, ~154).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
 //     Every other head size up to 256 (and misaligned pointers) takes a plain path in this header:
@@ -1124,13 +1124,13 @@ void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf
 // q (A = P^T, dS^T from registers; B = dO, q as stored, MN-major). Each warp's accumulator rows are
 // its 16 keys in mma.sync's layout, so P^T, dS^T, their masking and the stored dS tiles are the
 // mma.sync kernel's, element for element.
-// MIN_BLOCKS 3 holds it to 168 registers (3 warpgroups per SM); 2 leaves it 170.
-// LATE_DV: dv's product is issued with dk's, after dS, not while dS is computed. At 168 registers
-// that is what lets ptxas keep the products asynchronous: with P^T's bf16 copy held live through the
-// dS math (early dv) it runs out of registers and serializes every wgmma (ptxas C7512), with 16 bytes
-// of spill. The same products in the same order, so the same bits.
-template <int MIN_BLOCKS, bool LATE_DV>
-__global__ void __launch_bounds__(128, MIN_BLOCKS)
+// At least 3 blocks per SM (__launch_bounds__) hold it to 168 registers: 3 warpgroups per SM instead
+// of 2. dv's product is issued with dk's, after dS, not while dS is computed: at 168 registers that is
+// what lets ptxas keep the products asynchronous. With P^T's bf16 copy held live through the dS math
+// (dv issued early, the lab's version 13) it runs out of registers and serializes every wgmma (ptxas
+// C7512), with 16 bytes of spill. The same products in the same order either way, so the same bits.
+constexpr int kDkdvWgmmaMinBlocks = 3;
+__global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
     backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
                                int T, int NH, float scale) {
 #ifdef FLASH_HAVE_WGMMA
@@ -1223,12 +1223,6 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
         }
         wgmma_wait<0>();
         keep_regs(dp);
-        if constexpr (!LATE_DV) {
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dv, pa[kk], o_desc_mn + kk * (16 * 128 / 16));
-            wgmma_commit();
-        }
 
         // dS^T = P^T * (dP^T - D), stored for the dq pass, then dk += dS^T q
 #pragma unroll
@@ -1247,10 +1241,8 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
                 make_uint4(transpose8x8(pb[kk][0]), transpose8x8(pb[kk][2]), transpose8x8(pb[kk][1]), transpose8x8(pb[kk][3]));
         }
         wgmma_fence();
-        if constexpr (LATE_DV) {
 #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dv, pa[kk], o_desc_mn + kk * (16 * 128 / 16));
-        }
+        for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dv, pa[kk], o_desc_mn + kk * (16 * 128 / 16));
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) wgmma_m64n64k16_rs_mn(dk, pb[kk], q_desc_mn + kk * (16 * 128 / 16));
         wgmma_commit();
@@ -1280,16 +1272,15 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 
 // The dS-storing backward with backward_dkdv_wgmma_kernel as its key side; false where it does not
 // run (HS != 64, no room for dS, or not an sm_90 GPU).
-template <int MIN_BLOCKS, bool LATE_DV>
-bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
-                           int B, int T, int NH, int HS, cudaStream_t stream) {
+inline bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse,
+                           const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
     if (HS != 64 || !ds || !wgmma_available()) return false;
     launch_backward_dot<64>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / 8.0f;
     const size_t smem = size_t(6 * 64 * 64) * sizeof(bf16) + 4 * 64 * sizeof(float) + 1024;
     static bool configured = false;
-    if (!configured) allow_smem(backward_dkdv_wgmma_kernel<MIN_BLOCKS, LATE_DV>, smem), configured = true;
-    backward_dkdv_wgmma_kernel<MIN_BLOCKS, LATE_DV><<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
+    if (!configured) allow_smem(backward_dkdv_wgmma_kernel, smem), configured = true;
+    backward_dkdv_wgmma_kernel<<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
     const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
     backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
@@ -1529,19 +1520,36 @@ inline size_t flash_attention_backward_ds_bytes(int B, int T, int NH, int HS) {
     return flash_attention_supported(HS) ? flash_detail::backward_ds_bytes(B, T, NH) : 0;
 }
 
+// The optional parts of a flash_attention_backward call, each set by name (the defaults: no room for
+// dS, the default stream):
+//   ds_scratch, ds_scratch_bytes: the room for dS above (null or too small: dq recomputes it).
+struct FlashAttentionBackwardOptions {
+    void* ds_scratch = nullptr;
+    size_t ds_scratch_bytes = 0;
+    cudaStream_t stream = 0;
+    FlashAttentionBackwardOptions& with_ds_scratch(void* p, size_t bytes) {
+        ds_scratch = p, ds_scratch_bytes = bytes;
+        return *this;
+    }
+    FlashAttentionBackwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
 // dqkv (B, T, 3*NH*HS), overwritten, from dout and out (B, T, NH*HS), lse (B, NH, T) and qkv.
-// scratch: flash_attention_backward_scratch_bytes; ds_scratch (may be nullptr): see above.
+// scratch: flash_attention_backward_scratch_bytes; options: see above.
 inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* out,
                                      const float* lse, const __nv_bfloat16* qkv, int B, int T, int NH, int HS,
-                                     cudaStream_t stream = 0, void* ds_scratch = nullptr, size_t ds_scratch_bytes = 0) {
+                                     const FlashAttentionBackwardOptions& options = FlashAttentionBackwardOptions()) {
     using namespace flash_detail;
+    void* const ds_scratch = options.ds_scratch;
+    const size_t ds_scratch_bytes = options.ds_scratch_bytes;
+    const cudaStream_t stream = options.stream;
     check_shape(B, T, NH, HS);
     float* D = static_cast<float*>(scratch);
     const bool fast = flash_attention_supported(HS) && is_aligned16(dqkv) && is_aligned16(dout) && is_aligned16(out) &&
                       is_aligned16(qkv);
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
-        if (store_ds && backward_wgmma<3, true>(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
+        if (store_ds && backward_wgmma(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
         backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
                                         store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {

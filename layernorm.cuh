@@ -1,10 +1,8 @@
-// layernorm.cuh: LayerNorm forward, fused residual + LayerNorm forward, and LayerNorm backward.
+// layernorm.cuh: LayerNorm forward and backward.
 //
 // What it computes, per row x of length C (fp32 statistics and reductions, whatever the storage T):
 //   forward   m = mean(x), v = mean((x - m)^2) (no bias correction), s = 1 / sqrt(v + 1e-5),
 //             y = (x - m) * s * w + b; mean and rstd are written (fp32, one per row) for the backward.
-//   residual  r = a + b is rounded to T and stored, then LayerNorm runs on the stored r, so the
-//             backward (which reads r) sees exactly the values the forward normalized.
 //   backward  from the cached mean and rstd (x is read once, never re-reduced):
 //             n = (x - m) * s, g = w * dy, dx += s * (g - mean(g) - n * mean(g * n)),
 //             dweight += sum over rows of n * dy, dbias += sum over rows of dy;
@@ -36,7 +34,7 @@
 //     floats per partial row instead of 2).
 //   - Two paths each. The vector path (C a multiple of 16 / sizeof(T), every pointer 16-byte
 //     aligned, C <= 16384 forward, C <= 8192 backward) keeps the row in registers:
-//     one read of x (128-bit loads, all issued before the first use), a two-pass
+//     one read of x (128-bit plain loads, all issued before the first use), a two-pass
 //     mean/variance on the registers (numerically safe for rows with a large mean), one write.
 //     A row group of 32 * WPR threads owns a row; WPR (warps per row) grows with C so that each thread
 //     holds at most 32 columns (forward) or 16 columns (backward); row groups inside a block sync
@@ -111,19 +109,23 @@ template <int WPR, int MIN = kForwardMinBlock> __host__ __device__ constexpr int
 template <int WPR> __host__ __device__ constexpr int backward_block_threads() { return block_threads<WPR, kBackwardMinBlock>(); }
 
 // ---------------------------------------------------------------------------------------------
-// Forward, vector path: row in registers, one 128-bit read of x (or of a and b), one write.
+// Forward, vector path: row in registers, one 128-bit read of x, one write.
 
 // The forward's launch choices, measured on the H100 (dev/cuda/README.md, "plain loads"): x is read
 // with plain loads, not streaming (evict-first) ones, which cost 1-7 points of copy bandwidth in fp32
 // (89-94% -> 95-98%); fp32 blocks hold one row group (32 WPR threads), which gained up to 1 point
-// more there, while bf16 keeps blocks of at least 256 threads. The lab varies both (experiments).
+// more there, while bf16 keeps blocks of at least 256 threads. The lab keeps the other choices as
+// its own variants (dev/layernorm/layernorm_lab.cuh).
 template <typename T> constexpr int kForwardMinBlockOf = sizeof(T) == 4 ? 32 : kForwardMinBlock;
+template <typename T, int WPR> __host__ __device__ constexpr int forward_block_threads() {
+    return block_threads<WPR, kForwardMinBlockOf<T>>();
+}
 
-template <typename T, int WPR, bool RESIDUAL, bool STREAM_LOADS = false, int MIN_BLOCK = kForwardMinBlockOf<T>>
-__global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
-    layernorm_forward_vec_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
-                                 const T* weight, const T* bias, int N, int C, int out_ld) {
-    constexpr int BLOCK = block_threads<WPR, MIN_BLOCK>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
+template <typename T, int WPR>
+__global__ void __launch_bounds__(forward_block_threads<T, WPR>())
+    layernorm_forward_vec_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
+                                 int C, int out_ld) {
+    constexpr int BLOCK = forward_block_threads<T, WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
     constexpr int K = kForwardColsPerThread / VS;
     __shared__ float buf[2][BLOCK / 32];
     const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
@@ -136,17 +138,7 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;
-        if (i < nvec) {
-            auto load = [](const T* p) { return STREAM_LOADS ? Vec128<T>::load_stream(p) : Vec128<T>::load(p); };
-            if constexpr (RESIDUAL) {
-                Vec128<T> a = load(inp1 + offset + size_t(i) * VS);
-                Vec128<T> b = load(inp2 + offset + size_t(i) * VS);
-#pragma unroll
-                for (int j = 0; j < VS; j++) xv[k][j] = from_float<T>(to_float(a[j]) + to_float(b[j]));
-            } else {
-                xv[k] = load(inp1 + offset + size_t(i) * VS);
-            }
-        }
+        if (i < nvec) xv[k] = Vec128<T>::load(inp + offset + size_t(i) * VS);
     }
     float sum = 0.0f;
 #pragma unroll
@@ -174,7 +166,6 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;
         if (i < nvec) {
-            if constexpr (RESIDUAL) xv[k].store(residual + offset + size_t(i) * VS);
             const Vec128<T> w = Vec128<T>::load(weight + size_t(i) * VS);
             const Vec128<T> b = Vec128<T>::load(bias + size_t(i) * VS);
             Vec128<T> y;
@@ -188,26 +179,16 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
 
 // Forward, general path: one block of 256 threads per row, scalar accesses, three passes over the row
 // (the second and third hit L1/L2). Any C >= 1, any alignment.
-template <typename T, bool RESIDUAL>
+template <typename T>
 __global__ void __launch_bounds__(256)
-    layernorm_forward_general_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
-                                     const T* weight, const T* bias, int N, int C, int out_ld) {
+    layernorm_forward_general_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
+                                     int C, int out_ld) {
     __shared__ float buf[2][8];
     const int row = blockIdx.x;
     const size_t offset = size_t(row) * C;
-    // With RESIDUAL, x is the rounded sum this same thread stored in pass 1 (same thread, same
-    // addresses: program order makes the stores visible to its own later loads).
-    const T* x = RESIDUAL ? residual + offset : inp1 + offset;
+    const T* x = inp + offset;
     float sum = 0.0f;
-    for (int c = threadIdx.x; c < C; c += 256) {
-        if constexpr (RESIDUAL) {
-            const T r = from_float<T>(to_float(inp1[offset + c]) + to_float(inp2[offset + c]));
-            residual[offset + c] = r;
-            sum += to_float(r);
-        } else {
-            sum += to_float(x[c]);
-        }
-    }
+    for (int c = threadIdx.x; c < C; c += 256) sum += to_float(x[c]);
     const float m = row_group_sum<8, 256>(sum, buf[0]) / C;
     float sq = 0.0f;
     for (int c = threadIdx.x; c < C; c += 256) {
@@ -561,24 +542,19 @@ template <typename T> inline int backward_warps_per_row(int C) {
     return 0;
 }
 
-// wpr_override: 0 = automatic; the lab passes other values, and other STREAM_LOADS / MIN_BLOCK, to
-// tune the choices.
-template <typename T, bool RESIDUAL, bool STREAM_LOADS = false, int MIN_BLOCK = kForwardMinBlockOf<T>>
-void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2, const T* weight,
-                    const T* bias, int N, int C, cudaStream_t stream, int wpr_override = 0, int out_ld = 0) {
+template <typename T>
+void forward_launch(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
+                    int out_ld, cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
     if (out_ld == 0) out_ld = C;
     if (out_ld < C) fail("layernorm_forward: out_ld %d < C %d", out_ld, C);
-    int wpr = forward_warps_per_row<T>(C);
-    if (wpr_override && wpr && wpr_override >= forward_min_warps_per_row(C) && wpr_override <= kForwardMaxWarpsPerRow)
-        wpr = wpr_override;
-    if (wpr && out_ld % Vec128<T>::size == 0 && vector_ok<T>(C, {residual, out, inp1, inp2, weight, bias})) {
+    const int wpr = forward_warps_per_row<T>(C);
+    if (wpr && out_ld % Vec128<T>::size == 0 && vector_ok<T>(C, {out, inp, weight, bias})) {
 #define LN_FWD(W)                                                                                              \
     case W: {                                                                                                  \
-        constexpr int block = block_threads<W, MIN_BLOCK>(), rows = block / (32 * W);                         \
-        layernorm_forward_vec_kernel<T, W, RESIDUAL, STREAM_LOADS, MIN_BLOCK>                                  \
-            <<<(N + rows - 1) / rows, block, 0, stream>>>(                                                     \
-            residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, out_ld);                                \
+        constexpr int block = forward_block_threads<T, W>(), rows = block / (32 * W);                         \
+        layernorm_forward_vec_kernel<T, W>                                                                     \
+            <<<(N + rows - 1) / rows, block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, out_ld);  \
         break;                                                                                                 \
     }
         switch (wpr) {
@@ -587,8 +563,7 @@ void forward_launch(T* residual, T* out, float* mean, float* rstd, const T* inp1
         }
 #undef LN_FWD
     } else {
-        layernorm_forward_general_kernel<T, RESIDUAL>
-            <<<N, 256, 0, stream>>>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, out_ld);
+        layernorm_forward_general_kernel<T><<<N, 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, out_ld);
     }
     cuda_check_launch();
 }
@@ -663,8 +638,9 @@ void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, floa
     cuda_check_launch();
 }
 
-// PREFETCH is a parameter so that the lab can run the kernel both ways; layernorm_backward passes
-// kBackwardPrefetch<T>. A null next_dbias runs the kernels without the column sums (COLSUM = false).
+// layernorm_backward passes PREFETCH = kBackwardPrefetch<T> (bf16 prefetches, fp32 does not); the lab
+// also runs bf16 without the prefetch (its version 7). A null next_dbias runs the kernels without the
+// column sums (COLSUM = false).
 template <typename T, bool PREFETCH>
 void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
                      const float* mean, const float* rstd, int N, int C, cudaStream_t stream, T* next_dbias = nullptr) {
@@ -687,21 +663,25 @@ template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(i
 }  // namespace layernorm_detail
 
 // ---------------------------------------------------------------------------------------------
-// Public API. All launches go to `stream`; nothing synchronizes.
+// Public API. All launches go to the options' stream (default: the default stream); nothing synchronizes.
 
-// out_ld: the distance between out's rows in elements, >= C (0: C); elements [C, out_ld) of each row
-// are left as they are (train_gpt keeps a column of ones there, matmul_backward_weight_bias).
+// The optional parts of a layernorm_forward call, each set by name (the defaults: out_ld = C, the
+// default stream):
+//   out_ld: the distance between out's rows in elements, >= C (0: C); elements [C, out_ld) of each
+//           row are left as they are (train_gpt keeps a column of ones there, matmul_backward_weight_bias).
+struct LayerNormForwardOptions {
+    int out_ld = 0;
+    cudaStream_t stream = 0;
+    LayerNormForwardOptions& with_out_ld(int ld) { out_ld = ld; return *this; }
+    LayerNormForwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
+// out (N, C) = LayerNorm(inp) with weight and bias (C); mean and rstd (N; either may be null) for the
+// backward.
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                       cudaStream_t stream = 0, int out_ld = 0) {
-    layernorm_detail::forward_launch<T, false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, stream, 0, out_ld);
-}
-
-// residual = inp1 + inp2 (rounded to T), out = LayerNorm(residual), in one pass.
-template <typename T>
-void fused_residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
-                                      const T* weight, const T* bias, int N, int C, cudaStream_t stream = 0) {
-    layernorm_detail::forward_launch<T, true>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, stream);
+                       const LayerNormForwardOptions& options = LayerNormForwardOptions()) {
+    layernorm_detail::forward_launch<T>(out, mean, rstd, inp, weight, bias, N, C, options.out_ld, options.stream);
 }
 
 // Bytes of scratch layernorm_backward needs for these shapes on the current device, with or without
@@ -719,13 +699,22 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     return floats * sizeof(float);
 }
 
-// dinp += dL/dinp, dweight += ..., dbias += ... (see the top comment). next_dbias (C,), optional:
-// += the column sums of dinp as written by this call (sum over the N rows), i.e. the bias gradient of
-// the linear layer whose output gradient dinp also is; nullptr (the default) skips it at no cost.
+// The optional parts of a layernorm_backward call, each set by name (the defaults: no next_dbias, the
+// default stream):
+//   next_dbias (C): += the column sums of dinp as written by this call (sum over the N rows), i.e. the
+//           bias gradient of the linear layer whose output gradient dinp also is; null skips it at no cost.
+template <typename T> struct LayerNormBackwardOptions {
+    T* next_dbias = nullptr;
+    cudaStream_t stream = 0;
+    LayerNormBackwardOptions& with_next_dbias(T* d) { next_dbias = d; return *this; }
+    LayerNormBackwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
+// dinp += dL/dinp, dweight += ..., dbias += ... (see the top comment), with the options above.
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream = 0,
-                        T* next_dbias = nullptr) {
-    layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(dinp, dweight, dbias, scratch, dout, inp,
-                                                                                 weight, mean, rstd, N, C, stream, next_dbias);
+                        const float* mean, const float* rstd, int N, int C,
+                        const LayerNormBackwardOptions<T>& options = LayerNormBackwardOptions<T>()) {
+    layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(
+        dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, options.stream, options.next_dbias);
 }

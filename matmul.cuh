@@ -21,8 +21,9 @@
 //     refuses the one it offered, or a leading dimension is not whole 16-byte vectors (see
 //     matmul_plan), a plain cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to
 //     be fused): the same result, unfused. dweight (D += in place, beta = 1) goes through cuBLASLt
-//     as well since stop 18, tuned like the rest (the tuner puts D back before every candidate's run);
-//     it was on cublasGemmEx before, where the heuristic's own lists held nothing faster.
+//     as well since commit 4d56780, tuned like the rest (the tuner puts D back before every
+//     candidate's run); it was on cublasGemmEx before, where the heuristic's own lists held nothing
+//     faster.
 //   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's
 //     candidates (up to 16 asked; it offered at most 8 for GPT-2's shapes on the H100) among those
 //     whose output is bit for bit its first choice's. So the choice costs nothing in determinism.
@@ -633,14 +634,32 @@ bool matmul_lt(cublasOperation_t ta, int m, int n, int k, MatmulEpilogue ep, con
     return false;
 }
 
-// pre_gelu (optional, (N, OC)): fuse GELU; it receives the pre-activation, out the GELU of it.
-// residual (optional, (N, OC), laid out as out, not overlapping it): out = inp weight^T + bias + residual.
-// inp_ld: the distance between inp's rows in elements, >= C (0: C); train_gpt's LayerNorm outputs
-// carry a column of ones after their C values (matmul_backward_weight_bias).
+// The optional parts of a matmul_forward call, each set by name (the defaults: none of them, the
+// default stream):
+//   matmul_forward(out, inp, weight, bias, N, C, OC, MatmulForwardOptions<T>().with_pre_gelu(pre).with_inp_ld(ld))
+//   pre_gelu (N, OC): fuse GELU; it receives the pre-activation, out the GELU of it.
+//   residual (N, OC), laid out as out, not overlapping it: out = inp weight^T + bias + residual.
+//   inp_ld: the distance between inp's rows in elements, >= C (0: C); train_gpt's LayerNorm outputs
+//           carry a column of ones after their C values (matmul_backward_weight_bias).
+template <typename T> struct MatmulForwardOptions {
+    T* pre_gelu = nullptr;
+    const T* residual = nullptr;
+    int inp_ld = 0;
+    cudaStream_t stream = 0;
+    MatmulForwardOptions& with_pre_gelu(T* p) { pre_gelu = p; return *this; }
+    MatmulForwardOptions& with_residual(const T* r) { residual = r; return *this; }
+    MatmulForwardOptions& with_inp_ld(int ld) { inp_ld = ld; return *this; }
+    MatmulForwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
+// out (N, OC) = inp (N, C) weight (OC, C)^T + bias (OC; may be null), with the options above.
 template <typename T>
-void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC, T* pre_gelu = nullptr,
-                    cudaStream_t stream = 0, const T* residual = nullptr, int inp_ld = 0) {
-    if (inp_ld == 0) inp_ld = C;
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC,
+                    const MatmulForwardOptions<T>& options = MatmulForwardOptions<T>()) {
+    T* const pre_gelu = options.pre_gelu;
+    const T* const residual = options.residual;
+    const cudaStream_t stream = options.stream;
+    const int inp_ld = options.inp_ld ? options.inp_ld : C;
     if (inp_ld < C) fail("matmul_forward: inp_ld %d < C %d", inp_ld, C);
     BlasContext& b = blas();
     const size_t count = size_t(N) * OC;
@@ -663,12 +682,24 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
     if (pre_gelu) gelu_forward(out, pre_gelu, count, stream);
 }
 
+// The optional parts of a matmul_backward call, each set by name (the defaults: none, the default
+// stream):
+//   pre_gelu (N, C): the forward's pre-activation of `inp` = gelu(pre_gelu); dinp then leaves as the
+//           gradient of pre_gelu.
+template <typename T> struct MatmulBackwardOptions {
+    const T* pre_gelu = nullptr;
+    cudaStream_t stream = 0;
+    MatmulBackwardOptions& with_pre_gelu(const T* p) { pre_gelu = p; return *this; }
+    MatmulBackwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
+};
+
 // dinp, dweight and dbias may each be null (not needed, no bias): train_gpt asks for dinp in one
-// call and for the weight gradients in another, on a second stream (-ov). pre_gelu (optional, (N, C)): the
-// forward's pre-activation of `inp` = gelu(pre_gelu); dinp then leaves as the gradient of pre_gelu.
+// call and for the weight gradients in another, on a second stream (-ov).
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C, int OC,
-                     const T* pre_gelu = nullptr, cudaStream_t stream = 0) {
+                     const MatmulBackwardOptions<T>& options = MatmulBackwardOptions<T>()) {
+    const T* const pre_gelu = options.pre_gelu;
+    const cudaStream_t stream = options.stream;
     BlasContext& b = blas();
     if (dinp) {
         // Through cuBLASLt (tuned; with pre_gelu, GELU' in the epilogue), else plain cuBLAS.
@@ -699,7 +730,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // ~0.11 ms a layer each for qkv and fc at B=64 T=1024 on an H100, dev/cuda/matmul.cu). The GEMM
 // writes fp32 into scratch ((OC, inp_ld) floats, overwritten), and a small kernel adds it into
 // dweight (OC, C) and dbias (OC): each gradient rounded to T once, as D += in the GEMM would.
-// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, stop 20, lab): qkv
+// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, lab, 2026-11-25): qkv
 // (OC = 2304) 0.332 ms against 0.332 + 0.106 for dweight and the matrix-vector dbias, fc (OC = 3072)
 // 0.440 against 0.442 + 0.137; training at B=64 +0.8%. Falls back to the two-pass way where cuBLASLt
 // has no algorithm (shapes whose leading dimensions are not whole 16-byte vectors).
@@ -727,5 +758,6 @@ void matmul_backward_weight_bias(T* dweight, T* dbias, float* scratch, const T* 
         return;
     }
     gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, inp_ld, dout, OC, 1.0f, dweight, C, stream);
-    matmul_backward<T>(nullptr, nullptr, dbias, dout, inp, nullptr, N, C, OC, nullptr, stream);  // the matrix-vector dbias
+    matmul_backward<T>(nullptr, nullptr, dbias, dout, inp, nullptr, N, C, OC,
+                       MatmulBackwardOptions<T>().with_stream(stream));  // the matrix-vector dbias
 }

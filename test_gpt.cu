@@ -1,18 +1,20 @@
 // test_gpt.cu: checks train_gpt.cu against the PyTorch reference (gpt_reference.py).
 //
-// Loads a checkpoint and a reference-state file written by `gpt_reference.py state`, runs one
-// forward/backward on the reference batch and compares the logits, the loss and the gradient of
+// Loads a checkpoint (-e) and a reference-state file (-rf) written by `gpt_reference.py state`, runs
+// one forward/backward on the reference batch and compares the logits, the loss and the gradient of
 // every parameter tensor by name, then runs the reference's K AdamW steps and compares each loss.
 // Optionally saves the model after the K steps (-s) so the reference can score it back.
 //
 // Each comparison prints the tensor's relative error ||ours - ref|| / ||ref|| (the pass criterion)
-// and its worst element. -ge and -rc run the GELU-fusion and GELU-recompute paths of train_gpt's -ge
-// and -r (-r is this program's reference file); with fusion, probes first check which GELU formula
-// cuBLASLt's epilogues compute (matmul.cuh: NVIDIA documents none). Bounds: fp32 builds compute in true fp32 (no TF32), so every tensor is
-// within 1e-4 relative and every loss within 1e-5; bf16 builds round parameters and activations to
-// 8 significant bits, so gradients and logits get 2e-2 and losses 1e-2.
+// and its worst element. -ge and -r run the GELU-fusion and GELU-recompute paths, as the same flags of
+// train_gpt do; with fusion, probes first check which GELU formula cuBLASLt's epilogues compute
+// (matmul.cuh: NVIDIA documents none). Bounds: fp32 builds compute in true fp32 (no TF32), so every
+// tensor is within 1e-4 relative and every loss within 1e-5; bf16 builds round parameters and
+// activations to 8 significant bits, so gradients and logits get 2e-2 and losses 1e-2.
 #define GPT_NO_MAIN
 #include "train_gpt.cu"
+
+#include "dev/lab.cuh"  // TestCounter
 
 #if defined(ENABLE_FP32)
 constexpr double kTensorTol = 1e-4, kLossTol = 1e-5;
@@ -172,7 +174,7 @@ static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
         floatX* out = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe output");
         floatX* pre = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe pre-activation");
         const size_t fused_before = b.gelu_fused;
-        matmul_forward(out, inp, weight, bias, N, K, X, pre);
+        matmul_forward(out, inp, weight, bias, N, K, X, MatmulForwardOptions<floatX>().with_pre_gelu(pre));
         cuda_check(cudaDeviceSynchronize());
         if (b.gelu_fused == fused_before) {
             printf("  forward          not probed: cuBLASLt has no GELU_AUX_BIAS algorithm for the probe\n");
@@ -204,7 +206,7 @@ static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
         floatX* dinp = upload<floatX>(std::vector<float>(size_t(N) * X, 0.0f), "probe dinp");
         floatX* dweight = upload<floatX>(std::vector<float>(size_t(K) * X, 0.0f), "probe dweight");
         const size_t fused_before = b.gelu_fused;
-        matmul_backward(dinp, dweight, (floatX*)nullptr, dout, pre, weight, N, X, K, (const floatX*)pre);
+        matmul_backward(dinp, dweight, (floatX*)nullptr, dout, pre, weight, N, X, K, MatmulBackwardOptions<floatX>().with_pre_gelu(pre));
         cuda_check(cudaDeviceSynchronize());
         if (b.gelu_fused == fused_before) {
             printf("  backward         not probed: cuBLASLt has no DGELU algorithm for the probe\n");
@@ -231,27 +233,27 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const std::string f = argv[i];
         if (f == "-h" || f == "--help") {
-            printf("usage: test_gpt_%s -e CHECKPOINT -r REFERENCE [-s SAVE] [-fa 0|1] [-ge 0|1|2] [-rc 0|1]\n"
+            printf("usage: test_gpt_%s -e CHECKPOINT -rf REFERENCE [-s SAVE] [-fa 0|1] [-ge 0|1|2] [-r 0|1]\n"
                    "  -e  checkpoint written by gpt_reference.py init\n"
-                   "  -r  reference state written by gpt_reference.py state for that checkpoint\n"
+                   "  -rf reference state written by gpt_reference.py state for that checkpoint\n"
                    "  -s  write the model after the reference's K steps here (for gpt_reference.py loss)\n"
                    "  -fa 0|1    flash attention where it runs (default 1), else cuBLAS attention\n"
                    "  -ge 0|1|2  GELU in cuBLASLt epilogues, as train_gpt's -ge: none, forward, forward and backward\n"
                    "             (default %d); with 1 or 2 the epilogues' GELU formula is probed first\n"
-                   "  -rc 0|1    recompute GELU in the backward, as train_gpt's -r (default %d)\n",
+                   "  -r 0|1     recompute GELU in the backward, as train_gpt's -r (default %d)\n",
                    PRECISION_NAME, GELU_FUSION_DEFAULT, RECOMPUTE_DEFAULT);
             return 0;
         }
         if (i + 1 >= argc) fail("flag %s needs a value (-h for usage)", argv[i]);
         if (f == "-e") checkpoint = argv[++i];
-        else if (f == "-r") reference = argv[++i];
+        else if (f == "-rf") reference = argv[++i];
         else if (f == "-s") save_path = argv[++i];
         else if (f == "-fa") flash = parse_int_flag("-fa", argv[++i], 0, 1) != 0;
         else if (f == "-ge") gelu_fusion = (int)parse_int_flag("-ge", argv[++i], 0, 2);
-        else if (f == "-rc") recompute = (int)parse_int_flag("-rc", argv[++i], 0, 1);
+        else if (f == "-r") recompute = (int)parse_int_flag("-r", argv[++i], 0, 1);
         else fail("unknown flag %s (-h for usage)", argv[i]);
     }
-    if (checkpoint.empty() || reference.empty()) fail("give -e CHECKPOINT and -r REFERENCE (-h for usage)");
+    if (checkpoint.empty() || reference.empty()) fail("give -e CHECKPOINT and -rf REFERENCE (-h for usage)");
 
     HostModel host;
     std::string error;
@@ -261,7 +263,7 @@ int main(int argc, char** argv) {
     if (memcmp(&c, &ref.config, sizeof(c)) != 0) fail("reference '%s' was made for another model config", reference.c_str());
     TestCounter counter;
     char label[256];
-    snprintf(label, sizeof(label), "test_gpt_%s L=%d NH=%d C=%d V=%d B=%d T=%d -ge %d -rc %d", PRECISION_NAME, c.L, c.NH,
+    snprintf(label, sizeof(label), "test_gpt_%s L=%d NH=%d C=%d V=%d B=%d T=%d -ge %d -r %d", PRECISION_NAME, c.L, c.NH,
              c.C, c.V, ref.B, ref.T, gelu_fusion, recompute);
     if (!cuda_device_available()) {
         counter.skip(label);
@@ -271,7 +273,7 @@ int main(int argc, char** argv) {
 
     GPT m;
     gpt_create(m, host, ref.B, ref.T, flash, gelu_fusion, recompute);
-    printf("attention: %s | GELU fusion -ge %d | GELU recompute -rc %d\n",
+    printf("attention: %s | GELU fusion -ge %d | GELU recompute -r %d\n",
            m.flash ? "flash (flash_attention.cuh)" : "cuBLAS (attention.cuh)", gelu_fusion, recompute);
     if (gelu_fusion >= 1) probe_gelu_epilogues(gelu_fusion, counter);
     const size_t probe_fused = blas().gelu_fused, probe_unfused = blas().gelu_unfused;

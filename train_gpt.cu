@@ -111,23 +111,6 @@ inline bool config_from_descriptor(const std::string& d, GPTConfig& c) {
     return false;
 }
 
-// A small, portable, seedable generator (splitmix64): the same stream on every machine.
-struct Rng {
-    uint64_t state;
-    explicit Rng(uint64_t seed = 0) : state(seed) {}
-    uint64_t next() {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
-    float normal() {
-        const double u1 = 1.0 - uniform(), u2 = uniform();  // u1 in (0, 1]: log is finite
-        return (float)(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-    }
-};
-
 // GPT-2's init: N(0, 0.02) for matrices and embeddings, N(0, 0.02 / sqrt(2L)) for the two residual
 // projections (attprojw, fcprojw), LayerNorm weights 1, every bias 0, padded vocabulary rows 0.
 inline HostModel random_init(const GPTConfig& c, uint64_t seed) {
@@ -678,7 +661,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     prof.mark("fwd.encoder");
     encoder_forward(a.encoded, m.inputs, p.wte, p.wpe, B, T, C);
     prof.mark("fwd.layernorm");
-    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, 0, Cp);
+    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, LayerNormForwardOptions().with_out_ld(Cp));
     for (int l = 0; l < L; l++) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;  // this layer's input residual
         floatX* ln1 = a.ln1 + l * btcp;
@@ -692,8 +675,8 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
-        matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C, (floatX*)nullptr, 0,
-                       (const floatX*)nullptr, Cp);
+        matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C,
+                       MatmulForwardOptions<floatX>().with_inp_ld(Cp));
         prof.mark("fwd.attention");
 #if !defined(ENABLE_FP32)  // flash attention is bf16 only
         if (m.flash) flash_attention_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
@@ -703,26 +686,27 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         // matmul.cuh), so each LayerNorm after them reads one tensor, not two.
         prof.mark("fwd.matmul");
         matmul_forward(residual2, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C,
-                       (floatX*)nullptr, 0, x);
+                       MatmulForwardOptions<floatX>().with_residual(x));
         prof.mark("fwd.layernorm");
-        layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C, 0, Cp);
+        layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C,
+                          LayerNormForwardOptions().with_out_ld(Cp));
         prof.mark("fwd.matmul");
         if (m.gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
-            matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, fch, 0,
-                           (const floatX*)nullptr, Cp);
+            matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
+                           MatmulForwardOptions<floatX>().with_pre_gelu(fch).with_inp_ld(Cp));
         } else {
-            matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C, (floatX*)nullptr, 0,
-                           (const floatX*)nullptr, Cp);
+            matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
+                           MatmulForwardOptions<floatX>().with_inp_ld(Cp));
             prof.mark("fwd.gelu");
             gelu_forward(fch_gelu, fch, 4 * btc);
         }
         prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
         matmul_forward(residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C,
-                       (floatX*)nullptr, 0, residual2);
+                       MatmulForwardOptions<floatX>().with_residual(residual2));
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
             layernorm_forward(a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
-                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C, 0, Cp);
+                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C, LayerNormForwardOptions().with_out_ld(Cp));
         else
             layernorm_forward(a.lnf, s.lnf_mean, s.lnf_rstd, residual3, p.lnfw, p.lnfb, BT, C);
     }
@@ -819,9 +803,9 @@ template <typename T>
 void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
                      int OC, const T* pre_gelu, WgradPoint point, int inp_ld = 0) {
     const cudaStream_t ws = wgrad_fork(m);
-    matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, pre_gelu, 0);
+    matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, MatmulBackwardOptions<T>().with_pre_gelu(pre_gelu));
     if (inp_ld) matmul_backward_weight_bias<T>(dweight, dbias, m.wgrad_scratch, dout, inp, inp_ld, N, C, OC, ws);
-    else matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, nullptr, ws);
+    else matmul_backward<T>(nullptr, dweight, dbias, dout, inp, weight, N, C, OC, MatmulBackwardOptions<T>().with_stream(ws));
     wgrad_mark(m, point);
 }
 
@@ -904,7 +888,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool reduce = false) {
     // Each LayerNorm backward also adds its dresidual's column sums into the next linear layer's bias
     // gradient (that layer's dout is this dresidual): fcproj's of the layer below, attproj's of its own.
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, m.ln_scratch, a.dln, a.residual3 + (L - 1) * btc, p.lnfw, s.lnf_mean,
-                       s.lnf_rstd, BT, C, 0, g.fcprojb + size_t(L - 1) * C);
+                       s.lnf_rstd, BT, C, LayerNormBackwardOptions<floatX>().with_next_dbias(g.fcprojb + size_t(L - 1) * C));
     for (int l = L - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
         const floatX* ln1 = a.ln1 + l * btcp;
@@ -939,7 +923,8 @@ inline void gpt_backward(GPT& m, int B, int T, bool reduce = false) {
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadMlpDresidual);
         layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, m.ln_scratch, a.dln, residual2, p.ln2w + l * C,
-                           s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C, 0, g.attprojb + size_t(l) * C);
+                           s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C,
+                           LayerNormBackwardOptions<floatX>().with_next_dbias(g.attprojb + size_t(l) * C));
         // Attention. dln now holds the gradient of atty, m.dqkv that of qkv.
         prof.mark("bwd.matmul");
         linear_backward(m, a.dln, g.attprojw + size_t(l) * C * C, none, a.dresidual, atty, p.attprojw + size_t(l) * C * C,
@@ -949,7 +934,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool reduce = false) {
 #if !defined(ENABLE_FP32)
         if (m.flash)
             flash_attention_backward(m.dqkv, m.flash_scratch, a.dln, atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH,
-                                     C / NH, 0, m.flash_ds, m.flash_ds_bytes);
+                                     C / NH, FlashAttentionBackwardOptions().with_ds_scratch(m.flash_ds, m.flash_ds_bytes));
 #endif
         if (!m.flash) attention_backward(m.dqkv, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
@@ -959,8 +944,8 @@ inline void gpt_backward(GPT& m, int B, int T, bool reduce = false) {
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadAttnDresidual);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, m.ln_scratch, a.dln, x, p.ln1w + l * C,
-                           s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C, 0,
-                           l > 0 ? g.fcprojb + size_t(l - 1) * C : none);
+                           s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C,
+                           LayerNormBackwardOptions<floatX>().with_next_dbias(l > 0 ? g.fcprojb + size_t(l - 1) * C : none));
         if (reduce) reduce_layer_grads(m, l);  // layer l's gradients are final (fcprojb's came from the layer above)
     }
     prof.mark("bwd.encoder");

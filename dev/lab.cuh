@@ -1,5 +1,7 @@
-// dev/lab.cuh: what every kernel laboratory in dev/cuda shares: reproducible random inputs, device
-// buffers that can be misaligned on purpose, and strict integer flags.
+// dev/lab.cuh: what every kernel laboratory in dev/cuda and every test program (test_gpt.cu, test/*.cu)
+// shares: the one timing helper (CUDA events, warm-up, median of many runs), the one tolerance check
+// and the `N passed, N failed, N skipped` line, random inputs (from common.cuh's Rng), device buffers
+// that can be misaligned on purpose, and strict integer flags. Training never includes it.
 #pragma once
 
 #include <algorithm>
@@ -11,18 +13,95 @@
 
 #include "common.cuh"
 
-// Reproducible pseudo-random numbers (splitmix64): the same seed gives the same inputs everywhere.
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
+// Name of a storage type, for messages and tables.
+template <typename T> inline const char* dtype_name();
+template <> inline const char* dtype_name<float>() { return "fp32"; }
+template <> inline const char* dtype_name<__nv_bfloat16>() { return "bf16"; }
+
+// Host conversion of a storage type (or a double) to double, for references and checks.
+inline double to_double(double x) { return x; }
+inline double to_double(float x) { return x; }
+inline double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// ---------------------------------------------------------------------------------------------
+// Timing: median of `reps` runs after `warmup` runs, each run timed with its own pair of events.
+// `run` is any callable that enqueues work on `stream`.
+
+template <typename F> float time_median_ms(F run, int warmup = 10, int reps = 50, cudaStream_t stream = 0) {
+    for (int i = 0; i < warmup; i++) run();
+    cuda_check(cudaStreamSynchronize(stream));
+    std::vector<cudaEvent_t> events(2 * reps);
+    for (auto& e : events) cuda_check(cudaEventCreate(&e));
+    for (int i = 0; i < reps; i++) {
+        cuda_check(cudaEventRecord(events[2 * i], stream));
+        run();
+        cuda_check(cudaEventRecord(events[2 * i + 1], stream));
     }
-    float uniform(float lo, float hi) { return lo + (hi - lo) * float((next() >> 40) * (1.0 / 16777216.0)); }
+    cuda_check(cudaStreamSynchronize(stream));
+    std::vector<float> ms(reps);
+    for (int i = 0; i < reps; i++) cuda_check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]));
+    for (auto& e : events) cuda_check(cudaEventDestroy(e));
+    std::sort(ms.begin(), ms.end());
+    return ms[reps / 2];
+}
+
+// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured in the same run as
+// a benchmark so kernels are reported as a fraction of what this card does today.
+inline double measure_copy_bandwidth_gbs(size_t bytes = size_t(2) << 30) {
+    void *src = device_malloc(bytes, "copy-bandwidth source"), *dst = device_malloc(bytes, "copy-bandwidth target");
+    cuda_check(cudaMemset(src, 1, bytes));
+    float ms = time_median_ms([&] { cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 3, 20);
+    cuda_check(cudaFree(src));
+    cuda_check(cudaFree(dst));
+    return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests: one tolerance check and one counter, shared by every dev program and test.
+
+struct TestCounter {
+    int passed = 0, failed = 0, skipped = 0;
+    void pass() { passed++; }
+    void fail_one() { failed++; }
+    void skip(const char* what) {
+        printf("%s: skipped (no CUDA device)\n", what);
+        skipped++;
+    }
+    void record(bool ok) { ok ? passed++ : failed++; }
+    // Prints the closing count line; returns the process exit code.
+    int finish() const {
+        printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+        return failed == 0 ? 0 : 1;
+    }
 };
+
+// Compares `got` against the higher-precision reference `ref`, element by element, with the bound
+// |got - ref| <= atol + rtol * |ref|. Non-finite values (unwritten poison included) always fail.
+// Prints one line: what was compared, the worst error, and the bound it was held to.
+template <typename G, typename R>
+bool check_close(const char* what, const G* got, const R* ref, size_t n, double atol, double rtol,
+                 bool verbose = true) {
+    double worst_excess = -1e300, worst_abs = 0.0;
+    size_t worst_i = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = (double)to_double(got[i]), r = (double)ref[i];
+        double err = std::fabs(g - r), bound = atol + rtol * std::fabs(r);
+        bool ok = std::isfinite(g) && err <= bound;
+        if (!ok) bad++;
+        double excess = std::isfinite(g) ? err - bound : 1e300;
+        if (excess > worst_excess) worst_excess = excess, worst_i = i;
+        if (std::isfinite(g)) worst_abs = std::max(worst_abs, err);
+    }
+    if (verbose || bad) {
+        double g = n ? (double)to_double(got[worst_i]) : 0.0, r = n ? (double)ref[worst_i] : 0.0;
+        printf("  %-40s %s  max|err| %.3e  bound %.1e + %.1e|ref|  worst [%zu] got %.6g ref %.6g  (%zu/%zu bad)\n",
+               what, bad ? "FAIL" : "ok  ", worst_abs, atol, rtol, worst_i, g, r, bad, n);
+    }
+    return bad == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs (Rng: common.cuh) and device buffers.
 
 template <typename T> void fill_uniform(std::vector<T>& x, float lo, float hi, Rng& rng) {
     for (auto& v : x) v = from_float<T>(rng.uniform(lo, hi));

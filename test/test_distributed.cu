@@ -15,6 +15,7 @@
 
 #include <random>
 
+#include "dev/lab.cuh"
 #include "distributed.cuh"
 
 static TestCounter counter;

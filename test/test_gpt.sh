@@ -5,9 +5,9 @@
 # For each: gpt_reference.py writes a checkpoint and a reference state (fp32, TF32 off, on the GPU
 # when PyTorch sees one), test_gpt_{fp32,bf16} compares against it, saves its model after the K steps,
 # and gpt_reference.py scores that model back on the same batch (the other direction).
-# Each run takes the precision's default GELU path (fp32: -ge 0 -rc 0; bf16: -ge 2 -rc 0); at d12 B=4
-# T=64 extra runs take the other paths, same bounds: fp32 -ge 2 -rc 1 (fused GELU, recomputed), bf16
-# -ge 0 -rc 0 (separate GELU kernels) and -ge 2 -rc 1. Runs with fusion also probe which GELU formula
+# Each run takes the precision's default GELU path (fp32: -ge 0 -r 0; bf16: -ge 2 -r 0); at d12 B=4
+# T=64 extra runs take the other paths, same bounds: fp32 -ge 2 -r 1 (fused GELU, recomputed), bf16
+# -ge 0 -r 0 (separate GELU kernels) and -ge 2 -r 1. Runs with fusion also probe which GELU formula
 # cuBLASLt's epilogues compute.
 # Without a GPU every check is reported as skipped. Ends with `N passed, N failed, N skipped`.
 set -u
@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-python3}
 configs=("d12 4 64" "d12 4 1024" "L=2,NH=3,C=39,V=1237,maxT=50 3 37")
 precisions=(fp32 bf16)
 # "" = the build's defaults; the other entries are the extra GELU-path runs, first configuration only.
-declare -A extra_runs=([fp32]="-ge 2 -rc 1" [bf16]="-ge 0 -rc 0;-ge 2 -rc 1")
+declare -A extra_runs=([fp32]="-ge 2 -r 1" [bf16]="-ge 0 -r 0;-ge 2 -r 1")
 runs_of() {  # prec first_config: one line per run's test_gpt flags
     echo ""
     if [[ $2 == 1 ]]; then tr ';' '\n' <<<"${extra_runs[$1]}"; fi
@@ -61,7 +61,7 @@ for cfg in "${configs[@]}"; do
         for flags in "${runs[@]}"; do
             after="$dir/$name.$prec$(echo "$flags" | tr -d ' -').after.ckpt"
             # shellcheck disable=SC2086  # $flags is a list of flags
-            ./test_gpt_$prec -e "$dir/$name.ckpt" -r "$dir/$name.state" -s "$after" $flags 2>&1 | tee "$log"
+            ./test_gpt_$prec -e "$dir/$name.ckpt" -rf "$dir/$name.state" -s "$after" $flags 2>&1 | tee "$log"
             rc=${PIPESTATUS[0]}
             line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log" | tail -n 1)
             if [[ -z "$line" ]]; then

@@ -27,10 +27,12 @@ size_t attn_backward_scratch_bytes(int B, int T, int NH, int HS) {
 int attn_backward(void* dqkv, void* scratch, const void* dout, const void* out, const float* lse, const void* qkv, int B, int T,
                   int NH, int HS, void* stream) {
     using bf = __nv_bfloat16;
-    const size_t d_bytes = flash_attention_backward_scratch_bytes(B, T, NH, HS);
+    void* ds_scratch = static_cast<char*>(scratch) + flash_attention_backward_scratch_bytes(B, T, NH, HS);
+    const FlashAttentionBackwardOptions options = FlashAttentionBackwardOptions()
+                                                      .with_ds_scratch(ds_scratch, flash_attention_backward_ds_bytes(B, T, NH, HS))
+                                                      .with_stream(static_cast<cudaStream_t>(stream));
     flash_attention_backward(static_cast<bf*>(dqkv), scratch, static_cast<const bf*>(dout), static_cast<const bf*>(out), lse,
-                             static_cast<const bf*>(qkv), B, T, NH, HS, static_cast<cudaStream_t>(stream),
-                             static_cast<char*>(scratch) + d_bytes, flash_attention_backward_ds_bytes(B, T, NH, HS));
+                             static_cast<const bf*>(qkv), B, T, NH, HS, options);
     return 0;
 }
 

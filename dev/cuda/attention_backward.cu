@@ -1,7 +1,8 @@
 // attention_backward.cu: the causal attention backward laboratory. Numbered versions retrace how the
 // kernel got fast; version 11 is the header's flash_attention_backward (flash_attention.cuh), so
-// the lab measures what training runs (12-14: Hopper wgmma, the header's choice runs inside 11). Every version is validated against the double-precision CPU
-// reference (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
+// the lab measures what training runs (12-14: Hopper wgmma; 14, the header's choice, runs inside 11).
+// Every version is validated against the double-precision CPU reference
+// (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
 // benchmarked.
 //
 //   make dev/cuda/attention_backward
@@ -48,10 +49,11 @@
 //      read by the tensor cores through descriptors (no ldmatrix), P^T and dS^T from registers; dP^T
 //      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
 //   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
-//      of spill).
-//   14 as 13 with dv's product issued together with dk's, after dS, instead of while dS is computed:
-//      at 168 registers ptxas then no longer serializes the wgmma instructions (its C7512 warning on
-//      13) and nothing spills. The same products in the same order: bit-identical to 12 and 13.
+//      of spill). 12 and 13 are the lab's own kernel (dev/attention/flash_attention_lab.cuh).
+//   14 the header's wgmma key side (flash_attention.cuh, backward_dkdv_wgmma_kernel): 13 with dv's
+//      product issued together with dk's, after dS, instead of while dS is computed: at 168
+//      registers ptxas then no longer serializes the wgmma instructions (its C7512 warning on 13) and
+//      nothing spills. The same products in the same order: bit-identical to 12 and 13.
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -66,6 +68,7 @@
 #include "attention.cuh"
 #include "common.cuh"
 #include "dev/attention/attention_lab.cuh"
+#include "dev/attention/flash_attention_lab.cuh"
 #include "flash_attention.cuh"
 
 constexpr int kNumVersions = 14;
@@ -203,15 +206,16 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
             ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
             break;
         case 11:
-            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr, sc.ds->n * sizeof(uint4));
+            flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS,
+                                     FlashAttentionBackwardOptions().with_ds_scratch(sc.ds->ptr, sc.ds->n * sizeof(uint4)));
             if (!flash_attention_supported(HS)) return "plain path for this HS";
             break;
         case 12:
         case 13:
         case 14:
-            ran = version == 12   ? flash_detail::backward_wgmma<2, false>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                  : version == 13 ? flash_detail::backward_wgmma<3, false>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
-                                  : flash_detail::backward_wgmma<3, true>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
+            ran = version == 12   ? flash_lab::backward_wgmma_early_dv<2>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
+                  : version == 13 ? flash_lab::backward_wgmma_early_dv<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
+                                  : flash_detail::backward_wgmma(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!ran) {
                 ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
@@ -340,8 +344,9 @@ bool check_deterministic(const AttnShape& s) {
     for (bool with_ds : {true, false}) {
         d1.poison(), d2.poison();
         for (DeviceBuffer<bf16>* d : {&d1, &d2})
-            flash_attention_backward(d->ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS, 0,
-                                     with_ds ? sc.ds->ptr : nullptr, with_ds ? ds_bytes : 0);
+            flash_attention_backward(d->ptr, sc.D.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.NH, s.HS,
+                                     FlashAttentionBackwardOptions().with_ds_scratch(with_ds ? sc.ds->ptr : nullptr,
+                                                                                     with_ds ? ds_bytes : 0));
         const auto a = d1.download(), b = d2.download();
         const bool ok = memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
         printf("  header backward run twice (%s): %s\n", with_ds ? "dS stored" : "dS recomputed", ok ? "bitwise identical" : "DIFFERENT");

@@ -1,8 +1,8 @@
-// classifier.cu: the fused softmax cross-entropy laboratory (classifier.cuh). Every version is one of
-// the header's own kernels, launched directly, so each is measured on its own; training runs the
-// version named by the header's kClassifierVersion (2 until 3-5 are measured) wherever it applies,
-// else 2, else 1 (the header's fused_classifier picks). Every version is validated against a
-// double-precision CPU reference at many shapes, then benchmarked.
+// classifier.cu: the fused softmax cross-entropy laboratory (classifier.cuh). Versions 1, 2 and 5 are
+// the header's kernels, 3 and 4 the lab's own (below), each launched directly, so each is measured on
+// its own; training runs version 5 wherever it applies, else 2, else 1 (the header's fused_classifier
+// picks). Every version is validated against a double-precision CPU reference at many shapes, then
+// benchmarked.
 //
 //   make dev/cuda/classifier
 //   ./dev/cuda/classifier            validate, then benchmark every version (bf16, rows 16384, V 50257, Vp 50304)
@@ -22,13 +22,13 @@
 //      and a sum rescaled when it grows: two expf per value), a fixed-order block reduction, then a
 //      second pass that writes dlogits (the row is still in L2). What training runs on shapes where
 //      version 2 does not apply.
-//   2  the header's fused_classifier_vec_kernel (what training runs): 512 threads per row, 16-byte
-//      loads and stores, 4 vectors loaded per thread before any is used (more bytes in flight), the
-//      online max/sum updated once per vector of 4 (fp32) or 8 (bf16) values, __expf instead of
-//      expf, streaming loads and stores in the second pass. Needs Vp a multiple of the vector size
+//   2  the header's fused_classifier_vec_kernel (what training runs where 5 does not fit): 512
+//      threads per row, 16-byte loads and stores, 4 vectors loaded per thread before any is used
+//      (more bytes in flight), the online max/sum updated once per vector of 4 (fp32) or 8 (bf16)
+//      values, __expf instead of expf, streaming loads and stores in the second pass. Needs Vp a multiple of the vector size
 //      and 16-byte aligned logits; on any other shape the lab says so and does not run it (it never
 //      runs version 1 in its place).
-//   3  the header's fused_classifier_registers_kernel, ClassifierRegistersWide (1024 threads, 7 slots,
+//   3  the lab's fused_classifier_registers_kernel, ClassifierRegistersWide (1024 threads, 7 slots,
 //      exponentials computed again): the row read from memory once and kept in registers as packed
 //      32-bit words, thread t holding vectors t, t + 1024, ... (Vp <= 57344 in bf16, 28672 in fp32),
 //      all 7 streaming loads issued before any value is used (the whole 100 KB row in flight per
@@ -47,15 +47,16 @@
 //      1.75 GHz, against ~8.8 us for the row's 200 KB of DRAM traffic at 3 TB/s over 132 SMs), at 128
 //      registers a thread, one block per SM, 16 warps each with twice 3's loads in flight. Measured
 //      against 3: fewer exponentials, fewer warps.
-//   5  the header's fused_classifier_shared_kernel<T, 512>: the row kept in shared memory instead,
-//      copied by cp.async (16 bytes a copy, every copy issued before the wait, no registers held), so
-//      a bf16 GPT-2 row (100 KB) lets two 512-thread blocks share an SM: one block's loads overlap
-//      the other's reductions and exponentials, which versions 3 and 4 cannot do. Max, then sum, then
-//      dlogits as in 3 (two exponentials per value), reading the row from shared memory three times.
-//      Needs Vp * sizeof(T) within the device's shared memory per block (227 KB on the H100: fp32
-//      GPT-2 rows fit, one block per SM), besides version 2's conditions.
+//   5  the header's fused_classifier_shared_kernel<T, 512> (what training runs): the row kept in
+//      shared memory instead, copied by cp.async (16 bytes a copy, every copy issued before the
+//      wait, no registers held), so a bf16 GPT-2 row (100 KB) lets two 512-thread blocks share an
+//      SM: one block's loads overlap the other's reductions and exponentials, which versions 3 and 4
+//      cannot do. Max, then sum, then dlogits as in 3 (two exponentials per value), reading the row
+//      from shared memory three times. Needs Vp * sizeof(T) within the device's shared memory per
+//      block (227 KB on the H100: fp32 GPT-2 rows fit, one block per SM), besides version 2's
+//      conditions.
 //   Versions 3-5 need what version 2 needs, plus a row that fits; elsewhere the lab says so and does
-//   not run them (the header's fused_classifier falls back to 2, else 1).
+//   not run them (the header's fused_classifier falls back from 5 to 2, else 1).
 //
 // Bandwidth: minimal bytes = rows*Vp*sizeof(T) read + rows*Vp*sizeof(T) written, + rows*4 (losses)
 // + rows*4 (targets), negligible (8 bytes a row against 200 KB a row for GPT-2 in bf16) but counted.
@@ -164,8 +165,113 @@ void reference_self_test(TestCounter& tests) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch: the header's kernels, one block per row, launched directly with its block sizes (1, 2) or
-// through its launch functions (3-5, which set the shared-memory attributes version 5 needs).
+// Versions 3 and 4: the row kept in registers (the lab's own kernel; training runs version 5).
+
+// The register kernels' shapes: BLOCK threads holding VPT 16-byte vectors each (Vp <= BLOCK * VPT * 8
+// in bf16, half that in fp32), KEEP_EXP whether the exponentials of the sum are kept in registers for
+// the dlogits (one exponential a value, VPT * 8 more floats a thread in bf16) or computed again.
+// Version 3: 1024 x 7 hold Vp <= 57344 (GPT-2's 50304) within 64 registers a thread (one block per
+// SM) only by computing the exponentials again. Version 4: 512 x 13 hold Vp <= 53248 and keep them,
+// 128 registers a thread, one block per SM. fp32 GPT-2 rows (Vp > 28672) fit neither: the vector
+// kernel runs them.
+template <int BLOCK_, int VPT_, bool KEEP_EXP_> struct ClassifierRegisters {
+    static constexpr int BLOCK = BLOCK_, VPT = VPT_;
+    static constexpr bool KEEP_EXP = KEEP_EXP_;
+};
+using ClassifierRegistersWide = ClassifierRegisters<1024, 7, false>;   // version 3
+using ClassifierRegistersNarrow = ClassifierRegisters<512, 13, true>;  // version 4
+
+// Registers: one block per row, vector i of the row held by thread i % BLOCK in slot i / BLOCK, for
+// Vp <= BLOCK * VPT * VS. Slots past the real columns (the padding in the last vector with real
+// columns, the padding-only vectors, the slots past the row) hold -inf, so the maximum and the sum
+// need no per-value test: exp(-inf - m) = 0. Loads and stores are streaming (evict-first: each line
+// is read once and written once).
+template <typename T, int BLOCK, int VPT, bool KEEP_EXP>
+__global__ void __launch_bounds__(BLOCK, 1)
+    fused_classifier_registers_kernel(T* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
+    constexpr int VS = Vec128<T>::size;
+    __shared__ float smax[BLOCK / 32], ssum[BLOCK / 32];
+    T* x = logits + size_t(blockIdx.x) * Vp;
+    const int vectors = Vp / VS, vectors_with_v = (V + VS - 1) / VS;
+    const int target = targets[blockIdx.x];
+    uint4 v[VPT];  // slot u: vector threadIdx.x + u * BLOCK of the row
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {  // every load issued before any value is used
+        const int i = threadIdx.x + u * BLOCK;
+        v[u] = make_uint4(kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>, kNegInfWord<T>);
+        if (i < vectors_with_v) v[u] = __ldcs(reinterpret_cast<const uint4*>(x + size_t(i) * VS));
+    }
+    // The vector holding columns V - V % VS .. V - 1 and then padding, and the target's vector (its
+    // logit read from the registers). Tests on each slot, not a slot index computed from the column:
+    // a computed index would put v in local memory.
+    const int tail = V % VS != 0 ? V / VS : -1;
+    float target_logit = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        const int i = threadIdx.x + u * BLOCK;
+        if (i == tail) v[u] = with_negative_infinity_from<T>(v[u], V % VS);
+        if (i == target / VS) {
+#pragma unroll
+            for (int j = 0; j < VS; j++)
+                if (j == target % VS) target_logit = value_of<T>(v[u], j);
+        }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) m = vec_max<T>(v[u], m);
+    m = block_max<BLOCK>(m, smax);
+    float e[KEEP_EXP ? VPT : 1][VS];  // KEEP_EXP: the exponentials, kept for the dlogits
+    float s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        float eu[VS];
+        vec_exp<T>(v[u], m, eu);
+        s += vec_sum<T>(eu);  // one partial sum per vector
+        if constexpr (KEEP_EXP) {
+#pragma unroll
+            for (int j = 0; j < VS; j++) e[u][j] = eu[j];
+        }
+    }
+    s = block_sum<BLOCK>(s, ssum);
+    if (threadIdx.x == (target / VS) % BLOCK) losses[blockIdx.x] = logf(s) + m - target_logit;
+    if (dloss == 0.0f) return;
+    const float inv = 1.0f / s;
+    // Without KEEP_EXP the exponentials are computed again from the row's values. The empty asm makes
+    // m a value the compiler cannot prove equal to the one above (it is), so it cannot merge the two
+    // sets of exponentials and keep VPT * VS floats alive across the reduction (over 64 registers at
+    // 1024 threads: spills).
+    if constexpr (!KEEP_EXP) asm volatile("" : "+f"(m));
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        const int i = threadIdx.x + u * BLOCK;
+        if (i >= vectors) continue;
+        float eu[VS];
+        if constexpr (KEEP_EXP) {
+#pragma unroll
+            for (int j = 0; j < VS; j++) eu[j] = e[u][j];
+        } else {
+            vec_exp<T>(v[u], m, eu);
+        }
+        dlogits_of<T>(eu, inv, i, target, dloss).store_stream(x + size_t(i) * VS);
+    }
+}
+
+template <typename C, typename T> bool classifier_registers_fit(const T* logits, int Vp) {
+    return classifier_vectors_fit(logits, Vp) && Vp <= C::BLOCK * C::VPT * Vec128<T>::size;
+}
+
+template <typename C, typename T>
+void fused_classifier_registers(T* logits, float* losses, const int* targets, float dloss, int rows, int V, int Vp,
+                                cudaStream_t stream = 0) {
+    fused_classifier_registers_kernel<T, C::BLOCK, C::VPT, C::KEEP_EXP>
+        <<<rows, C::BLOCK, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+    cuda_check_launch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch: one block per row; the header's kernels launched directly with its block sizes (1, 2) or
+// through its launch function (5, which sets the shared-memory attributes it needs), the lab's
+// register kernel through its own (3, 4).
 
 using Wide = ClassifierRegistersWide;      // version 3
 using Narrow = ClassifierRegistersNarrow;  // version 4

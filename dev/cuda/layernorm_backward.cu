@@ -326,7 +326,8 @@ const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratc
                                                         next_dbias);
             break;
         case 8:
-            layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, 0, next_dbias);
+            layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C,
+                               LayerNormBackwardOptions<T>().with_next_dbias(next_dbias));
             break;
         default:
             fail("backward version %d does not exist (1..%d)", version, kNumVersions);

@@ -23,17 +23,19 @@
 //      16 / sizeof(T), 16-byte aligned pointers and C <= 4 * 1024 * (16 / sizeof(T)); other shapes
 //      run version 3 (the lab says so).
 //   5  the header's layernorm_forward: row groups of 32 * WPR threads sized by C (a warp per row up to
-//      1024 columns, so small rows need no barrier at all), several rows per 256-thread block, up to
-//      32 columns per thread all loaded before the first use (many loads in flight), streaming
-//      loads of x (read once; y is stored plainly, since the next matmul reads it and may find it in
-//      L2), named barriers so row groups never wait for each other; a scalar general path for any C
-//      and alignment (one block per row).
+//      1024 columns, so small rows need no barrier at all), several rows per block in bf16 (blocks of
+//      at least 256 threads; fp32 blocks hold one row group), up to 32 columns per thread all loaded
+//      before the first use (many loads in flight), plain 128-bit loads of x (streaming, evict-first
+//      ones measured slower: --stream-loads), named barriers so row groups never wait for each other;
+//      a scalar general path for any C and alignment (one block per row). The knobs below run the
+//      lab's variants of it instead (dev/layernorm/layernorm_lab.cuh).
 //
 // Fused residual (--residual): residual = a + b (rounded to T and stored), out = LayerNorm(residual).
 //   1  unfused: an elementwise add kernel, then the header's layernorm_forward (reads the residual
 //      back: 5 N C transfers instead of 4).
-//   2  the header's fused_residual_layernorm_forward: the sum is formed in registers, stored once and
-//      normalized without reading it back.
+//   2  fused_residual_layernorm_forward (dev/layernorm/layernorm_lab.cuh; training ran it until the
+//      residual adds moved into the matmul epilogues): the sum is formed in registers, stored once
+//      and normalized without reading it back.
 //
 // Bandwidth: forward bytes = N*C*sizeof(T) read + N*C*sizeof(T) written + 8*N (mean, rstd), plus
 // 2*C*sizeof(T) of weight and bias (negligible). Residual: 2 N C sizeof(T) read + 2 N C sizeof(T)
@@ -46,6 +48,7 @@
 
 #include "common.cuh"
 #include "dev/lab.cuh"
+#include "dev/layernorm/layernorm_lab.cuh"
 #include "dev/layernorm/layernorm_reference.cuh"
 #include "layernorm.cuh"
 
@@ -54,11 +57,11 @@ namespace cg = cooperative_groups;
 constexpr float kEps = 1e-5f;
 constexpr int kNumVersions = 5, kNumResidualVersions = 2;
 
-// Tuning knobs of the benchmark, for experiments on the header's kernel (version 5): warps per row
-// (--wpr; 0: the header's choice), streaming (evict-first) instead of plain loads of x
-// (--stream-loads), the smallest block (--min-block 32: one row group per block; 256: several row
-// groups when rows are short; 0: the header's choice), and where `out` starts in its allocation
-// (--out-offset).
+// Tuning knobs of the benchmark, for experiments on version 5: warps per row (--wpr; 0: the header's
+// choice), streaming (evict-first) instead of plain loads of x (--stream-loads), the smallest block
+// (--min-block 32: one row group per block; 256: several row groups when rows are short; 0: the
+// header's choice), and where `out` starts in its allocation (--out-offset). Any of the first three
+// runs the lab's variant of the header's kernel (dev/layernorm/layernorm_lab.cuh) with those choices.
 int g_wpr = 0;
 bool g_stream_loads = false;
 int g_min_block = 0;
@@ -245,16 +248,19 @@ const char* run_version(int version, T* out, float* mean, float* rstd, const T* 
             cuda_check_launch();
             return "v4 n/a here, ran v3";
         case 5: {
-            using namespace layernorm_detail;
+            using namespace layernorm_lab;
             const int min_block = g_min_block ? g_min_block : kForwardMinBlockOf<T>;  // the knobs pick the launcher's template arguments
-            if (g_stream_loads && min_block == 32)
-                forward_launch<T, false, true, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
+            if (!g_wpr && !g_stream_loads && !g_min_block)
+                layernorm_forward(out, mean, rstd, inp, weight, bias, N, C,
+                                  LayerNormForwardOptions().with_out_ld(out_ld));  // the header, as training runs it
+            else if (g_stream_loads && min_block == 32)
+                forward_variant_launch<T, false, true, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             else if (g_stream_loads)
-                forward_launch<T, false, true, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
+                forward_variant_launch<T, false, true, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             else if (min_block == 32)
-                forward_launch<T, false, false, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
+                forward_variant_launch<T, false, false, 32>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             else
-                forward_launch<T, false, false, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
+                forward_variant_launch<T, false, false, 256>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C, 0, g_wpr, out_ld);
             if (g_wpr && g_wpr < forward_min_warps_per_row(C)) {
                 cuda_check_launch();
                 return "--wpr below the rows' need: the header's choice ran";
@@ -448,7 +454,7 @@ void usage(FILE* f) {
             "  -N rows       benchmark rows (default 65536)\n"
             "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
-            "  --wpr W       version 5 with W warps per row (1, 2, 4, 8, 16; at least what the row needs)\n"
+            "  --wpr W       version 5 with W warps per row (1, 2, 4, 8, 16; at least what the row needs; experiment)\n"
             "  --stream-loads  version 5 with streaming (evict-first) loads of x instead of plain ones (experiment)\n"
             "  --min-block B  version 5 with blocks of at least B threads: 32 (one row group) or 256 (experiment)\n"
             "  --out-offset K  benchmark: out starts K KiB into its allocation (address placement experiments)\n"

@@ -1,5 +1,5 @@
 """The d12 step's GEMMs in PyTorch (bf16, cuBLAS through torch), timed like dev/cuda/matmul: the
-side-by-side for that lab's table. Run in the same device call as the lab.
+side-by-side for that lab's table. Run on the same GPU right after the lab, so both see the same clocks.
 
     python dev/cuda/matmul_vs_torch.py [--rows 65536]
 """

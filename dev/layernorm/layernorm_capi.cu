@@ -14,7 +14,8 @@ extern "C" {
 
 int ln_forward_f32(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N,
                    int C, void* stream) {
-    layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, static_cast<cudaStream_t>(stream));
+    layernorm_forward(out, mean, rstd, inp, weight, bias, N, C,
+                      LayerNormForwardOptions().with_stream(static_cast<cudaStream_t>(stream)));
     return 0;
 }
 
@@ -22,7 +23,8 @@ int ln_forward_bf16(void* out, float* mean, float* rstd, const void* inp, const 
                     int C, void* stream) {
     using bf = __nv_bfloat16;
     layernorm_forward(static_cast<bf*>(out), mean, rstd, static_cast<const bf*>(inp), static_cast<const bf*>(weight),
-                      static_cast<const bf*>(bias), N, C, static_cast<cudaStream_t>(stream));
+                      static_cast<const bf*>(bias), N, C,
+                      LayerNormForwardOptions().with_stream(static_cast<cudaStream_t>(stream)));
     return 0;
 }
 
@@ -31,7 +33,8 @@ size_t ln_backward_scratch_bytes(int N, int C) { return layernorm_backward_scrat
 // Accumulates: dinp += ..., dweight += ..., dbias += ... (zero them first for plain gradients).
 int ln_backward_f32(float* dinp, float* dweight, float* dbias, void* scratch, const float* dout, const float* inp,
                     const float* weight, const float* mean, const float* rstd, int N, int C, void* stream) {
-    layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, static_cast<cudaStream_t>(stream));
+    layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C,
+                       LayerNormBackwardOptions<float>().with_stream(static_cast<cudaStream_t>(stream)));
     return 0;
 }
 
@@ -40,7 +43,7 @@ int ln_backward_bf16(void* dinp, void* dweight, void* dbias, void* scratch, cons
     using bf = __nv_bfloat16;
     layernorm_backward(static_cast<bf*>(dinp), static_cast<bf*>(dweight), static_cast<bf*>(dbias), scratch,
                        static_cast<const bf*>(dout), static_cast<const bf*>(inp), static_cast<const bf*>(weight), mean, rstd,
-                       N, C, static_cast<cudaStream_t>(stream));
+                       N, C, LayerNormBackwardOptions<bf>().with_stream(static_cast<cudaStream_t>(stream)));
     return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "dev/lab.cuh"  // to_double
 
 constexpr double kLayerNormRefEps = 1e-5;
 
