@@ -970,7 +970,8 @@ def cmd_train(a):
         print(f"step {step + 1:5d}/{a.x} | loss {train_loss:.6f} | norm {norm:.4f} | lr {lr:.2e} | "
               f"{ms:.1f} ms | {total_batch / (ms * 1e-3):.0f} tok/s")
         if metrics:
-            metrics.write(f"{step + 1},{train_loss:.6f},,{lr:.6e},{norm:.6f},{ms:.3f},{total_batch / (ms * 1e-3):.1f}\n")
+            tok_s = total_batch / (ms * 1e-3)
+            metrics.write(f"{step + 1},{train_loss:.6f},,{lr:.6e},{norm:.6f},{ms:.3f},{tok_s:.1f}\n")
             metrics.flush()
     if a.v > 0:
         validate(a.x)
@@ -1037,26 +1038,30 @@ def main(argv=None):
     batch_args(loss)
 
     imp = sub.add_parser("import", help="our checkpoint from Hugging Face GPT-2 files or an llm.c model file")
-    imp.add_argument("source", help="model.safetensors, pytorch_model.bin, their folder, or an llm.c model file")
-    imp.add_argument("--out", required=True, help="checkpoint to write")
+    imp.add_argument("source", metavar="SOURCE",
+                     help="model.safetensors, pytorch_model.bin, their folder, or an llm.c model file")
+    imp.add_argument("--out", required=True, metavar="FILE", help="checkpoint to write")
 
     exp = sub.add_parser("export", help="a checkpoint to a Hugging Face folder or an llm.c model file")
-    exp.add_argument("checkpoint", help="checkpoint (or any file import reads)")
-    exp.add_argument("--out", required=True, help="folder (hf) or file (llmc) to write")
+    exp.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint (or any file import reads)")
+    exp.add_argument("--out", required=True, metavar="PATH", help="folder (hf) or file (llmc) to write")
     exp.add_argument("--format", default="hf", choices=["hf", "llmc"],
                      help="hf: config.json + model.safetensors; llmc: llm.c model file (default hf)")
     exp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                      help="parameter type; llmc: fp32 = version 3, bf16 = version 5 (default fp32)")
 
     gen = sub.add_parser("generate", help="sample text from a model")
-    gen.add_argument("--checkpoint", "-e", required=True, help="checkpoint (or any file import reads)")
-    gen.add_argument("--prompt", default="", help="text after <|endoftext|> to continue (default: none)")
-    gen.add_argument("--tokens", "-n", type=ranged(int, 1, 1 << 20), default=64, help="tokens to generate (default 64)")
-    gen.add_argument("--temperature", type=ranged(float, 0.0, 1e6), default=1.0,
+    gen.add_argument("--checkpoint", "-e", required=True, metavar="FILE", help="checkpoint (or any file import reads)")
+    gen.add_argument("--prompt", default="", metavar="TEXT",
+                     help="text after <|endoftext|> to continue (default: none)")
+    gen.add_argument("--tokens", "-n", type=ranged(int, 1, 1 << 20), default=64, metavar="N",
+                     help="tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=ranged(float, 0.0, 1e6), default=1.0, metavar="T",
                      help="softmax temperature; 0 = greedy (default 1.0)")
-    gen.add_argument("--top-k", type=ranged(int, 0, 1 << 30), default=0,
+    gen.add_argument("--top-k", type=ranged(int, 0, 1 << 30), default=0, metavar="K",
                      help="sample among the K most likely tokens; 0 = all (default 0)")
-    gen.add_argument("--seed", type=ranged(int, 0, 2**64 - 1), default=1337, help="sampler seed (default 1337)")
+    gen.add_argument("--seed", type=ranged(int, 0, 2**64 - 1), default=1337, metavar="S",
+                     help="sampler seed (default 1337)")
     gen.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
 
     tr = sub.add_parser("train", allow_abbrev=False, help="train as train_gpt does (same flags), in fp32",
@@ -1072,8 +1077,10 @@ def main(argv=None):
     tr.add_argument("-t", type=ranged(int, 1, 65536), default=1024, metavar="T", help="sequence length (default 1024)")
     tr.add_argument("-d", type=ranged(int, 1, 1 << 30), default=0, metavar="TOKENS",
                     help="total batch size in tokens, a multiple of B*T (default B*T)")
-    tr.add_argument("-x", type=ranged(int, 1, 1 << 30), default=100, metavar="STEPS", help="optimizer steps (default 100)")
-    tr.add_argument("-l", type=ranged(float, 0.0, 10.0), default=6e-4, metavar="LR", help="peak learning rate (default 6e-4)")
+    tr.add_argument("-x", type=ranged(int, 1, 1 << 30), default=100, metavar="STEPS",
+                    help="optimizer steps (default 100)")
+    tr.add_argument("-l", type=ranged(float, 0.0, 10.0), default=6e-4, metavar="LR",
+                    help="peak learning rate (default 6e-4)")
     tr.add_argument("-u", type=ranged(int, 0, 1 << 30), default=10, metavar="STEPS", help="warm-up steps (default 10)")
     tr.add_argument("-q", type=ranged(float, 0.0, 1.0), default=0.1, metavar="FRAC",
                     help="final learning rate as a fraction of -l, cosine decay (default 0.1)")
@@ -1085,7 +1092,8 @@ def main(argv=None):
     tr.add_argument("-m", type=ranged(int, 1, 1 << 20), default=20, metavar="N", help="validation batches (default 20)")
     tr.add_argument("-sd", type=ranged(int, 0, 1 << 62), default=1337, metavar="SEED",
                     help="seed of shuffling and of a -e d12-style init (default 1337)")
-    tr.add_argument("-sh", type=ranged(int, 0, 1), default=1, metavar="0|1", help="shuffle the windows each epoch (default 1)")
+    tr.add_argument("-sh", type=ranged(int, 0, 1), default=1, metavar="0|1",
+                    help="shuffle the windows each epoch (default 1)")
     tr.add_argument("-s", type=ranged(int, 0, 1 << 30), default=0, metavar="N",
                     help="accepted for train_gpt's command lines; no samples are drawn")
     tr.add_argument("-o", metavar="DIR", help="write DIR/metrics.csv and, at the end, DIR/model_<steps>.bin")
