@@ -41,6 +41,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,7 +52,7 @@ from gpt2_bpe import (EOT, PrepError, atomic_write, local_encoding, token_file_h
 
 READ_BYTES = 1 << 22        # bytes read from a file at a time
 PIECE_CHARS = 1 << 20       # a document longer than this is encoded in pieces of about this size
-BATCH_CHARS = 1 << 23       # pieces encoded together (tiktoken's batch encoder, several threads)
+BATCH_CHARS = 1 << 23       # pieces encoded together, in groups on several threads
 COPY_TOKENS = 1 << 24       # tokens copied from the stream into a shard at a time
 MAX_FILE_TOKENS = 2**31 - 1  # the int32 token count of the header
 
@@ -122,13 +123,15 @@ def split_documents(blocks, separator, keep):
     pending, start = "", True
     for block in blocks:
         pending += block
+        begin = 0  # of the current document in `pending`
         while True:
-            at = pending.find(separator)
+            at = pending.find(separator, begin)
             if at < 0:
                 break
             end = at + len(separator)
-            yield start, pending[:end] if keep else pending[:at]
-            pending, start = pending[end:], True
+            yield start, pending[begin:end] if keep else pending[begin:at]
+            begin, start = end, True
+        pending = pending[begin:]
         # What cannot hold the start of a separator is passed on now.
         ready = len(pending) - (len(separator) - 1)
         if ready > 0:
@@ -158,43 +161,55 @@ def safe_cut(text):
 def encoded_documents(enc, files, separator, keep, stats):
     """Yields uint16 token arrays: for each document EOT, then its text encoded as ordinary text."""
     batch, batch_chars = [], 0  # (document starts here, text piece), encoded together
+    workers = os.cpu_count() or 1
+    pool = ThreadPoolExecutor(workers)  # tiktoken's encoder releases the GIL
 
-    def flush():
+    def encode_group(group):
         out = []
-        for (starts, _), tokens in zip(batch, enc.encode_ordinary_batch([t for _, t in batch])):
+        for starts, text in group:
             if starts:
                 out.append(EOT)
-            out.extend(tokens)
-        batch.clear()
+            out.extend(enc.encode_ordinary(text))
         return np.array(out, dtype="<u2")
 
-    for path in files:
-        piece, piece_starts, new_doc = "", False, False
-        for starts, text in split_documents(read_text(path), separator, keep):
-            stats["chars"] += len(text)
-            new_doc = new_doc or starts
-            if not text:
-                continue
-            if new_doc:  # the document's first text: the piece before it is complete
-                if piece:
-                    batch.append((piece_starts, piece))
-                    batch_chars += len(piece)
-                piece, piece_starts, new_doc = "", True, False
-                stats["documents"] += 1
-            piece += text
-            cut = safe_cut(piece) if len(piece) > PIECE_CHARS else 0
-            if cut:
-                batch.append((piece_starts, piece[:cut]))
-                batch_chars += cut
-                piece, piece_starts = piece[cut:], False
-            if batch_chars > BATCH_CHARS:
-                yield flush()
-                batch_chars = 0
-        if piece:
-            batch.append((piece_starts, piece))
-            batch_chars += len(piece)
-    if batch:
-        yield flush()
+    def flush():
+        # Groups of consecutive pieces, a few per thread: one task per piece would cost more than
+        # encoding a short line (one document per line corpora).
+        size = -(-len(batch) // (4 * workers))
+        tokens = np.concatenate(list(pool.map(encode_group, [batch[i:i + size] for i in range(0, len(batch), size)])))
+        batch.clear()
+        return tokens
+
+    try:
+        for path in files:
+            piece, piece_starts, new_doc = "", False, False
+            for starts, text in split_documents(read_text(path), separator, keep):
+                stats["chars"] += len(text)
+                new_doc = new_doc or starts
+                if not text:
+                    continue
+                if new_doc:  # the document's first text: the piece before it is complete
+                    if piece:
+                        batch.append((piece_starts, piece))
+                        batch_chars += len(piece)
+                    piece, piece_starts, new_doc = "", True, False
+                    stats["documents"] += 1
+                piece += text
+                cut = safe_cut(piece) if len(piece) > PIECE_CHARS else 0
+                if cut:
+                    batch.append((piece_starts, piece[:cut]))
+                    batch_chars += cut
+                    piece, piece_starts = piece[cut:], False
+                if batch_chars > BATCH_CHARS:
+                    yield flush()
+                    batch_chars = 0
+            if piece:
+                batch.append((piece_starts, piece))
+                batch_chars += len(piece)
+        if batch:
+            yield flush()
+    finally:
+        pool.shutdown()
 
 
 def shard_path(out_dir, name, split, index):
