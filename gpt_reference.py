@@ -796,8 +796,28 @@ def cmd_generate(args):
 # Training as train_gpt.cu's main() does it: its DataLoader, learning_rate(), micro-batch loop,
 # gradient-norm clipping and AdamW (adamw.cuh), skipped non-finite steps and validation.
 
+class TokenStream:
+    """Token files concatenated in path order, read where a window needs them (memory-mapped)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(p) for p in parts])  # of each file in the stream
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def __getitem__(self, span):  # stream[a:b], across file boundaries
+        a, b = span.start, min(span.stop, len(self))
+        out, i = [], int(np.searchsorted(self.starts, a, side="right")) - 1
+        while a < b:
+            lo, hi = a - self.starts[i], min(b, self.starts[i + 1]) - self.starts[i]
+            out.append(self.parts[i][lo:hi])
+            a, i = a + hi - lo, i + 1
+        return np.concatenate(out) if out else np.zeros(0, np.uint16)
+
+
 def read_token_files(pattern, V, flag):
-    """The token files of a glob pattern, sorted by path, concatenated into one stream."""
+    """The token files of a glob pattern, sorted by path, as one stream."""
     paths = [pattern] if os.path.isfile(pattern) else sorted(glob.glob(pattern))
     if not paths:
         raise Error(f"{flag} '{pattern}': no such file")
@@ -807,11 +827,12 @@ def read_token_files(pattern, V, flag):
         size = os.path.getsize(path)
         if n < 1 or size != HEADER_INTS * 4 + 2 * n:
             raise Error(f"token file '{path}': its header says {n} tokens, its size is {size} bytes (truncated?)")
-        tokens = np.fromfile(path, dtype="<u2", offset=HEADER_INTS * 4)
-        if tokens.max() >= V:
-            raise Error(f"token file '{path}' holds token {tokens.max()} >= the model's V={V}")
+        tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_INTS * 4, shape=(n,))
+        top = max(int(tokens[i:i + (1 << 24)].max()) for i in range(0, n, 1 << 24))
+        if top >= V:
+            raise Error(f"token file '{path}' holds token {top} >= the model's V={V}")
         parts.append(tokens)
-    return np.concatenate(parts), paths
+    return TokenStream(parts), paths
 
 
 class DataLoader:
