@@ -8,18 +8,28 @@ formats the CUDA programs read:
   reference   (magic 20251102): one batch, the logits, loss and every parameter gradient after one
               forward/backward, and the losses of K AdamW steps on that batch
 
-Subcommands:
-  init   write a checkpoint: a GPT-2-style random init from a seed (--model d12 | d6 | ... |
-         L=2,NH=3,C=39,V=1237,maxT=50), or GPT-2 weights from a local Hugging Face state dict
-         (--from-hf pytorch_model.bin; optional, nothing is downloaded)
-  state  write a reference-state file for a checkpoint (random tokens from a seed, or a window of a
-         token file), computed in fp32 with TF32 off, on the CPU or a GPU
-  loss   load a checkpoint (ours, e.g. written by train_gpt) and print its loss on one batch
+Subcommands (each has -h):
+  init      write a checkpoint: a GPT-2-style random init from a seed (--model d12 | d6 | ... |
+            L=2,NH=3,C=39,V=1237,maxT=50); `init --from-hf SOURCE` is `import SOURCE`
+  state     write a reference-state file for a checkpoint (random tokens from a seed, or a window of a
+            token file), computed in fp32 with TF32 off, on the CPU or a GPU
+  loss      load a checkpoint (ours, e.g. written by train_gpt) and print its loss on one batch
+  import    our checkpoint from GPT-2 weights on disk: Hugging Face files (model.safetensors or
+            pytorch_model.bin, or their folder, config.json read when beside them; 124M to 1.5B) or
+            an llm.c model file (versions 3 = fp32 and 5 = bf16)
+  export    our checkpoint to a Hugging Face folder (config.json + model.safetensors, loadable by
+            transformers' GPT2LMHeadModel.from_pretrained) or to an llm.c model file
+  generate  text from a prompt: the sampler train_gpt's sampling uses (see `sample_next`)
+  train     a training run exactly as train_gpt does it (same flags, data order, schedule, clipping,
+            AdamW, skipped steps, validation, printed lines), in fp32 with TF32 off, to put beside one of
+            train_gpt's runs
 
 Checkpoint layout: 256 int32 header, then the parameters as fp32, tensor after tensor, each
 row-major, every per-layer tensor stacked over layers (shape (L, ...)):
   header[0] = 20251101 (magic), [1] = 1 (version), [2] = L, [3] = NH, [4] = C, [5] = maxT, [6] = V,
-  [7] = Vp (V padded up; rows V..Vp-1 of wte are zero), the rest zero.
+  [7] = Vp (V padded up; rows V..Vp-1 of wte are zero), [8] = crc32 (0 = not recorded), the rest zero.
+  The crc32 is zlib's over the 256-int32 header with [8] = 0, continued over the fp32 payload (as
+  train_gpt.cu's header_and_payload_crc); readers verify it when it is not 0.
   wte (Vp, C)  wpe (maxT, C)  ln1w (L, C)  ln1b (L, C)  qkvw (L, 3C, C)  qkvb (L, 3C)
   attprojw (L, C, C)  attprojb (L, C)  ln2w (L, C)  ln2b (L, C)  fcw (L, 4C, C)  fcb (L, 4C)
   fcprojw (L, C, 4C)  fcprojb (L, C)  lnfw (C)  lnfb (C)
@@ -33,22 +43,36 @@ losses of steps 0..K-1 (loss before each update; step 0's is the loss above).
   [9] = V, [10] = Vp; header[16..21] hold fp32 bit patterns: lr, beta1, beta2, eps, weight decay,
   grad-norm clip. AdamW decays 2-D tensors only (wte, wpe and the four matrices per layer); the
   gradient is clipped to global norm `clip` before each update (torch.nn.utils.clip_grad_norm_).
+
+Interchange formats (import / export):
+  llm.c model file: 256 int32 header [0] = 20240326, [1] = 3 (fp32 parameters) or 5 (bf16), [2] = maxT,
+    [3] = V, [4] = L, [5] = NH, [6] = C, [7] = Vp, then the parameters in our order and shapes.
+  Hugging Face GPT-2: h.N.attn.c_attn / attn.c_proj / mlp.c_fc / mlp.c_proj are Conv1D, weights
+    (in, out): transposed to and from our (out, in); the LM head is tied to wte (exported once);
+    wte has V rows (our padding rows are dropped on export, zero on import).
 """
 import argparse
+import glob
+import json
 import math
 import os
 import sys
 import tempfile
+import time
+import zlib
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKPOINT_MAGIC, CHECKPOINT_VERSION = 20251101, 1
 STATE_MAGIC, STATE_VERSION = 20251102, 1
 TOKENS_MAGIC, TOKENS_VERSION = 20240520, 1  # llm.c token files, written by data/
+LLMC_MAGIC, LLMC_VERSIONS = 20240326, {3: "fp32", 5: "bf16"}
 HEADER_INTS = 256
+EOT = 50256  # GPT-2's <|endoftext|>
 GPT2_DESCRIPTORS = {"d6": (6, 6, 384), "d12": (12, 12, 768), "d24": (24, 16, 1024),
                     "d36": (36, 20, 1280), "d48": (48, 25, 1600)}  # L, NH, C
 
@@ -170,14 +194,42 @@ def checkpoint_tensors(model):
     ]
 
 
-def num_checkpoint_floats(cfg):
+def param_shapes(cfg):
+    """(name, shape) in checkpoint order: the shapes of the header's comment."""
     L, C = cfg.L, cfg.C
-    return (cfg.Vp * C + cfg.maxT * C + 2 * L * C + L * 3 * C * C + L * 3 * C + L * C * C + L * C
-            + 2 * L * C + L * 4 * C * C + L * 4 * C + L * C * 4 * C + L * C + 2 * C)
+    return [("wte", (cfg.Vp, C)), ("wpe", (cfg.maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)),
+            ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
+            ("ln2w", (L, C)), ("ln2b", (L, C)), ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
+            ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
+
+
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"}  # train_gpt.cu's PARAM_DECAY_MASK
+PER_LAYER = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
+             "fcprojw", "fcprojb"}  # stacked over layers: (L, ...)
+
+
+def num_checkpoint_floats(cfg):
+    return sum(math.prod(shape) for _, shape in param_shapes(cfg))
 
 
 def flatten(tensors):
     return torch.cat([t.detach().reshape(-1).float().cpu() for t in tensors]).numpy()
+
+
+def model_params(model):
+    """{name: fp32 numpy array of the checkpoint shape}, in checkpoint order."""
+    shapes = dict(param_shapes(model.cfg))
+    return {name: flatten(ts).reshape(shapes[name]) for name, ts in checkpoint_tensors(model)}
+
+
+def model_from_params(cfg, params):
+    model = GPT(cfg)
+    with torch.no_grad():
+        for name, tensors in checkpoint_tensors(model):
+            stacked = torch.from_numpy(np.ascontiguousarray(params[name], dtype=np.float32))
+            for i, t in enumerate(tensors):
+                t.copy_(stacked[i] if name in PER_LAYER else stacked)
+    return model
 
 
 def random_init(model, seed):
@@ -197,35 +249,114 @@ def random_init(model, seed):
 
 
 # ------------------------------------------------------------------------------------------------
+# train_gpt's random numbers: splitmix64 (struct Rng in train_gpt.cu). One generator serves
+# sampling, the data loader's shuffle and train_gpt's own init (`train -e d12`).
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+class Rng:
+    def __init__(self, seed):
+        self.state = seed & MASK64
+
+    def next(self):
+        self.state = (self.state + GOLDEN) & MASK64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        return z ^ (z >> 31)
+
+    def uniform(self):  # [0, 1), 53 random bits
+        return (self.next() >> 11) * 2.0**-53
+
+
+def splitmix64_block(seed, first, count):
+    """Outputs first .. first+count-1 (counting from 0) of Rng(seed).next(), vectorized."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed & MASK64) + np.arange(first + 1, first + count + 1, dtype=np.uint64) * np.uint64(GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def cuda_random_init(cfg, seed):
+    """train_gpt.cu's random_init (what `train_gpt -e d12 -sd SEED` trains): matrices and embeddings
+    N(0, 0.02) drawn in checkpoint order from Rng(seed) by Box-Muller (two draws per value; wte's
+    padding rows are not drawn), the residual projections N(0, 0.02/sqrt(2L)), LayerNorm weights 1,
+    biases 0. Same formulas in double, rounded to float at the same places; numpy's log and cos may
+    differ from glibc's in a last bit, so a few values can differ by one float ulp."""
+    params, drawn = {}, 0
+    for name, shape in param_shapes(cfg):
+        p = np.zeros(shape, dtype=np.float32)
+        if name in DECAYED:
+            std = (np.float32(0.02) / np.sqrt(np.float32(2.0) * np.float32(cfg.L))
+                   if name in ("attprojw", "fcprojw") else np.float32(0.02))
+            flat = p.reshape(-1)
+            n = cfg.V * cfg.C if name == "wte" else flat.size
+            for at in range(0, n, 1 << 22):
+                k = min(n - at, 1 << 22)
+                bits = splitmix64_block(seed, 2 * (drawn + at), 2 * k).reshape(k, 2) >> np.uint64(11)
+                u1 = 1.0 - bits[:, 0].astype(np.float64) * 2.0**-53
+                u2 = bits[:, 1].astype(np.float64) * 2.0**-53
+                normal = (np.sqrt(-2.0 * np.log(u1)) * np.cos(6.283185307179586 * u2)).astype(np.float32)
+                flat[at:at + k] = normal * std
+            drawn += n
+        elif name in ("ln1w", "ln2w", "lnfw"):
+            p[:] = 1.0
+        params[name] = p
+    return params
+
+
+# ------------------------------------------------------------------------------------------------
 # Files. Every write goes to a temporary file in the target folder, then os.replace: a reader never
 # sees half a file.
 
-def write_atomic(path, chunks):
+def write_atomic(path, chunks, crc_slot=None):
+    """Writes the chunks (numpy arrays or bytes). With crc_slot, the first chunk is a 256-int32
+    header whose slot crc_slot is 0; it is set to the crc32 of everything written before the rename."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:
+            crc = 0
             for chunk in chunks:
-                f.write(np.ascontiguousarray(chunk).tobytes())
+                data = chunk if isinstance(chunk, bytes) else np.ascontiguousarray(chunk).tobytes()
+                crc = zlib.crc32(data, crc)
+                f.write(data)
+            if crc_slot is not None:
+                f.seek(4 * crc_slot)
+                f.write(np.array([crc], dtype=np.uint32).tobytes())
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
 
 
-def write_checkpoint(model, path):
-    cfg = model.cfg
+def publish(tmp, path):
+    """Gives the temporary file ordinary permissions (mkstemp makes 0600) and renames it to path."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
+def write_checkpoint_params(cfg, params, path):
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:8] = [CHECKPOINT_MAGIC, CHECKPOINT_VERSION, cfg.L, cfg.NH, cfg.C, cfg.maxT, cfg.V, cfg.Vp]
-    data = [flatten(ts) for _, ts in checkpoint_tensors(model)]
-    assert sum(d.size for d in data) == num_checkpoint_floats(cfg)
-    write_atomic(path, [header] + data)
+    data = []
+    for name, shape in param_shapes(cfg):
+        if params[name].shape != shape:
+            raise Error(f"{name}: shape {params[name].shape}, expected {shape} for {cfg}")
+        data.append(np.ascontiguousarray(params[name], dtype=np.float32))
+    write_atomic(path, [header] + data, crc_slot=8)
+
+
+def write_checkpoint(model, path):
+    write_checkpoint_params(model.cfg, model_params(model), path)
 
 
 def read_header(path, magic, version, what):
@@ -241,22 +372,41 @@ def read_header(path, magic, version, what):
     return header
 
 
-def read_checkpoint(path, device="cpu"):
+def config_of(path, *fields):
+    try:
+        return Config(*fields)
+    except Error as e:
+        raise Error(f"'{path}': {e}")
+
+
+def split_params(cfg, flat):
+    """{name: view of `flat` with the checkpoint shape}."""
+    params, at = {}, 0
+    for name, shape in param_shapes(cfg):
+        n = math.prod(shape)
+        params[name] = flat[at:at + n].reshape(shape)
+        at += n
+    return params
+
+
+def read_checkpoint_params(path):
     h = read_header(path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, "checkpoint")
-    cfg = Config(*(int(x) for x in h[2:8]))
+    cfg = config_of(path, *(int(x) for x in h[2:8]))
     n = num_checkpoint_floats(cfg)
     expected = HEADER_INTS * 4 + 4 * n
     if os.path.getsize(path) != expected:
         raise Error(f"checkpoint '{path}': {os.path.getsize(path)} bytes, expected {expected} for {cfg}")
-    data = torch.from_numpy(np.fromfile(path, dtype=np.float32, offset=HEADER_INTS * 4))
-    model = GPT(cfg)
-    offset = 0
-    with torch.no_grad():
-        for _, tensors in checkpoint_tensors(model):
-            for t in tensors:
-                t.copy_(data[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
-    return model.to(device)
+    data = np.fromfile(path, dtype=np.float32, offset=HEADER_INTS * 4)
+    if h[8] != 0:
+        zeroed = h.copy()
+        zeroed[8] = 0
+        if np.uint32(zlib.crc32(data, zlib.crc32(zeroed.tobytes()))) != h.view(np.uint32)[8]:
+            raise Error(f"checkpoint '{path}' fails its crc32 check (corrupt or partly written)")
+    return cfg, split_params(cfg, data)
+
+
+def read_checkpoint(path, device="cpu"):
+    return model_from_params(*read_checkpoint_params(path)).to(device)
 
 
 def read_tokens(path, count, offset=0):
@@ -267,27 +417,211 @@ def read_tokens(path, count, offset=0):
     return np.fromfile(path, dtype=np.uint16, offset=HEADER_INTS * 4 + 2 * offset, count=count)
 
 
-def load_hf_gpt2(path):
-    """GPT-2 124M..1.5B weights from a local Hugging Face pytorch_model.bin (Conv1D weights are
-    (in, out), so they are transposed)."""
-    sd = torch.load(path, map_location="cpu")
+# ------------------------------------------------------------------------------------------------
+# Other programs' model files. Each reader returns (Config, {name: fp32 array of the checkpoint shape}).
+
+def read_llmc(path):
+    """llm.c's model file (gpt2_write_to_checkpoint): version 3 holds fp32 parameters, 5 bf16."""
+    with open(path, "rb") as f:
+        h = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
+        if h.size != HEADER_INTS or h[0] != LLMC_MAGIC:
+            raise Error(f"'{path}' is not an llm.c model file (bad magic number)")
+        if int(h[1]) not in LLMC_VERSIONS:
+            raise Error(f"llm.c model file '{path}': version {h[1]}, expected 3 (fp32) or 5 (bf16)")
+        maxT, V, L, NH, C, Vp = (int(x) for x in h[2:8])
+        cfg = config_of(path, L, NH, C, maxT, V, Vp)
+        n, width = num_checkpoint_floats(cfg), 4 if h[1] == 3 else 2
+        if os.path.getsize(path) != HEADER_INTS * 4 + width * n:
+            raise Error(f"llm.c model file '{path}': {os.path.getsize(path)} bytes, expected "
+                        f"{HEADER_INTS * 4 + width * n} for {cfg} ({LLMC_VERSIONS[int(h[1])]}; truncated?)")
+        data = np.fromfile(f, dtype=np.float32 if width == 4 else np.uint16, count=n)
+    if width == 2:  # bf16 is the top half of an fp32
+        data = (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return cfg, split_params(cfg, data)
+
+
+def to_bf16_bits(a):
+    """fp32 -> bf16 (round to nearest even, as torch and train_gpt round), as uint16 bit patterns."""
+    bf16 = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
+    return bf16.view(torch.int16).numpy().view(np.uint16)
+
+
+def write_llmc(cfg, params, path, dtype):
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:8] = [LLMC_MAGIC, 3 if dtype == "fp32" else 5, cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, cfg.Vp]
+    convert = (lambda a: np.ascontiguousarray(a, dtype=np.float32)) if dtype == "fp32" else to_bf16_bits
+    write_atomic(path, [header] + [convert(params[name]) for name, _ in param_shapes(cfg)])
+
+
+# Hugging Face GPT-2 keys (without "transformer."); {} is the layer. Conv1D weights are (in, out).
+HF_KEYS = {"wte": "wte.weight", "wpe": "wpe.weight", "ln1w": "h.{}.ln_1.weight", "ln1b": "h.{}.ln_1.bias",
+           "qkvw": "h.{}.attn.c_attn.weight", "qkvb": "h.{}.attn.c_attn.bias",
+           "attprojw": "h.{}.attn.c_proj.weight", "attprojb": "h.{}.attn.c_proj.bias",
+           "ln2w": "h.{}.ln_2.weight", "ln2b": "h.{}.ln_2.bias", "fcw": "h.{}.mlp.c_fc.weight",
+           "fcb": "h.{}.mlp.c_fc.bias", "fcprojw": "h.{}.mlp.c_proj.weight", "fcprojb": "h.{}.mlp.c_proj.bias",
+           "lnfw": "ln_f.weight", "lnfb": "ln_f.bias"}
+HF_CONV1D = {"qkvw", "attprojw", "fcw", "fcprojw"}
+
+
+def one_line(e):
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def load_hf_state_dict(path):
+    """{key: torch tensor} of a model.safetensors or a pytorch_model.bin."""
+    if is_safetensors(path):
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise Error(f"'{path}' is a safetensors file: install the safetensors package to read it")
+        try:
+            return load_file(path)
+        except Exception as e:  # the library's own errors: header, size and dtype problems
+            raise Error(f"cannot read '{path}' as safetensors ({one_line(e)})")
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle, zip and unpickling errors alike
+        raise Error(f"cannot read '{path}' as a PyTorch state dict ({one_line(e)})")
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise Error(f"'{path}' holds a {type(sd).__name__}, not a state dict of tensors")
+    return sd
+
+
+def read_hf(path):
+    """GPT-2 weights of Hugging Face's GPT2Model / GPT2LMHeadModel (124M ... 1.5B), any float dtype."""
+    sd = load_hf_state_dict(path)
     sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
-    L = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("h."))
-    V, C = sd["wte.weight"].shape
-    cfg = Config(L, C // 64, C, sd["wpe.weight"].shape[0], V)
-    model = GPT(cfg)
-    transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            src = sd[name]
-            if name.endswith(transposed):
-                src = src.t()
-            if name == "wte.weight":
-                p.zero_()
-                p[:V].copy_(src)
-            else:
-                p.copy_(src)
-    return model
+    for k in [k for k in sd if k.endswith((".attn.bias", ".attn.masked_bias"))]:
+        del sd[k]  # causal-mask buffers of older transformers versions, not parameters
+    head = sd.pop("lm_head.weight", None)
+    if "wte.weight" not in sd or "wpe.weight" not in sd:
+        raise Error(f"'{path}' holds no GPT-2 weights (no wte.weight / wpe.weight among {len(sd)} keys)")
+    if head is not None and not torch.equal(head, sd["wte.weight"]):
+        raise Error(f"'{path}': lm_head.weight differs from wte.weight (an untied head; ours is tied)")
+    layers = [k.split(".")[1] for k in sd if k.startswith("h.")]
+    (V, C), maxT = sd["wte.weight"].shape, sd["wpe.weight"].shape[0]
+    L = 1 + max(int(i) for i in layers) if layers else 0
+    NH = C // 64 if C % 64 == 0 else 0  # every GPT-2 has heads of 64 channels
+    config_path = os.path.join(os.path.dirname(path), "config.json")
+    if os.path.exists(config_path):
+        try:
+            with open(config_path) as f:
+                hf = json.load(f)
+            L, NH, C, maxT, V = (int(hf[k]) for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise Error(f"cannot read '{config_path}' as a GPT-2 config ({one_line(e)})")
+        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise Error(f"'{config_path}': activation_function {hf['activation_function']}; ours is "
+                        f"the tanh GELU (gelu_new)")
+        if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+            raise Error(f"'{config_path}': layer_norm_epsilon {hf['layer_norm_epsilon']}; ours is 1e-5")
+    if NH < 1:
+        raise Error(f"'{path}': n_embd {C} is not a multiple of 64 and no config.json gives n_head")
+    cfg = config_of(path, L, NH, C, maxT, V)
+    params = {}
+    for name, shape in param_shapes(cfg):
+        per_layer = name in PER_LAYER
+        keys = [HF_KEYS[name].format(i) for i in range(L)] if per_layer else [HF_KEYS[name]]
+        want = (V, C) if name == "wte" else shape[1:] if per_layer else shape
+        want = want[::-1] if name in HF_CONV1D else want
+        stacked = []
+        for key in keys:
+            if key not in sd:
+                raise Error(f"'{path}': no tensor {key} (expected for {cfg})")
+            t = sd.pop(key)
+            if tuple(t.shape) != tuple(want):
+                raise Error(f"'{path}': {key} has shape {tuple(t.shape)}, expected {tuple(want)} for {cfg}")
+            t = t.float()
+            stacked.append((t.t() if name in HF_CONV1D else t).contiguous().numpy())
+        array = np.stack(stacked) if per_layer else stacked[0]
+        if name == "wte":  # the padding rows
+            array = np.concatenate([array, np.zeros((cfg.Vp - V, C), np.float32)])
+        params[name] = array
+    if sd:
+        raise Error(f"'{path}': {len(sd)} tensors that GPT-2 does not have (first: {sorted(sd)[0]}; "
+                    f"more layers than config.json's n_layer={L}?)")
+    return cfg, params
+
+
+def hf_config(cfg, dtype):
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "vocab_size": cfg.V, "n_positions": cfg.maxT, "n_ctx": cfg.maxT, "n_embd": cfg.C,
+            "n_layer": cfg.L, "n_head": cfg.NH, "n_inner": None, "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "scale_attn_weights": True,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,  # ours trains without dropout
+            "bos_token_id": min(EOT, cfg.V - 1), "eos_token_id": min(EOT, cfg.V - 1),
+            "tie_word_embeddings": True, "use_cache": True,
+            "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype]}
+
+
+def write_hf(cfg, params, folder, dtype):
+    """config.json + model.safetensors (keys as GPT2LMHeadModel.save_pretrained writes them: with
+    "transformer.", Conv1D weights (in, out), the tied lm_head.weight left out, wte cut to V rows)."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise Error("export to Hugging Face needs the safetensors package (pip install safetensors)")
+    tensors = {}
+    for name, _ in param_shapes(cfg):
+        array = params[name][:cfg.V] if name == "wte" else params[name]
+        per_layer = name in PER_LAYER
+        for i in range(cfg.L if per_layer else 1):
+            t = torch.from_numpy(np.ascontiguousarray(array[i] if per_layer else array, dtype=np.float32))
+            t = t.t() if name in HF_CONV1D else t
+            key = "transformer." + HF_KEYS[name].format(i)
+            tensors[key] = t.contiguous().to(torch.float32 if dtype == "fp32" else torch.bfloat16)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_model.safetensors")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        publish(tmp, os.path.join(folder, "model.safetensors"))
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    text = json.dumps(hf_config(cfg, dtype), indent=2) + "\n"
+    write_atomic(os.path.join(folder, "config.json"), [text.encode()])
+
+
+def is_safetensors(path):
+    """8-byte little-endian header length, then a JSON header that fits the file."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            return 0 < n <= os.path.getsize(path) - 8 and f.read(1) == b"{"
+    except OSError:
+        return False
+
+
+def read_model_params(source):
+    """(Config, params) of any model file we read: ours, llm.c's, Hugging Face's (a file or its
+    folder). Told apart by content, not by name (llm.c's and PyTorch's are both *.bin)."""
+    if os.path.isdir(source):
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if os.path.isfile(os.path.join(source, name)):
+                return read_hf(os.path.join(source, name))
+        raise Error(f"folder '{source}' holds no model.safetensors or pytorch_model.bin")
+    try:
+        with open(source, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise Error(f"cannot read '{source}': {e.strerror}")
+    magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
+    if magic == CHECKPOINT_MAGIC:
+        return read_checkpoint_params(source)
+    if magic == LLMC_MAGIC:
+        return read_llmc(source)
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80" or is_safetensors(source):  # zip or pickle: torch.save
+        return read_hf(source)
+    raise Error(f"'{source}' is not a model file we read (ours, llm.c's, a Hugging Face "
+                f"model.safetensors / pytorch_model.bin or their folder)")
+
+
+def load_model(source, device="cpu"):
+    return model_from_params(*read_model_params(source)).to(device)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -320,16 +654,38 @@ def make_batch(cfg, B, T, seed, tokens_path, offset, device):
     return x.to(device), y.to(device)
 
 
+def num_real_params(cfg):
+    return num_checkpoint_floats(cfg) - (cfg.Vp - cfg.V) * cfg.C
+
+
 def cmd_init(args):
     if args.from_hf:
-        model = load_hf_gpt2(args.from_hf)
-    else:
-        torch.manual_seed(args.seed)
-        model = GPT(parse_model(args.model))
-        random_init(model, args.seed)
+        cfg, params = read_model_params(args.from_hf)
+        write_checkpoint_params(cfg, params, args.out)
+        print(f"wrote {args.out}: {cfg}, {num_real_params(cfg)} parameters")
+        return
+    torch.manual_seed(args.seed)
+    model = GPT(parse_model(args.model))
+    random_init(model, args.seed)
     write_checkpoint(model, args.out)
-    n = sum(p.numel() for p in model.parameters()) - (model.cfg.Vp - model.cfg.V) * model.cfg.C
-    print(f"wrote {args.out}: {model.cfg}, {n} parameters")
+    print(f"wrote {args.out}: {model.cfg}, {num_real_params(model.cfg)} parameters")
+
+
+def cmd_import(args):
+    cfg, params = read_model_params(args.source)
+    write_checkpoint_params(cfg, params, args.out)
+    print(f"wrote {args.out}: {cfg}, {num_real_params(cfg)} parameters (from {args.source})")
+
+
+def cmd_export(args):
+    cfg, params = read_model_params(args.checkpoint)
+    if args.format == "hf":
+        write_hf(cfg, params, args.out, args.dtype)
+        print(f"wrote {args.out}/config.json and {args.out}/model.safetensors ({args.dtype}): {cfg}")
+    else:
+        write_llmc(cfg, params, args.out, args.dtype)
+        print(f"wrote {args.out}: llm.c model file version {3 if args.dtype == 'fp32' else 5} "
+              f"({args.dtype}): {cfg}")
 
 
 def cmd_state(args):
@@ -373,15 +729,310 @@ def cmd_loss(args):
     print(f"loss {loss.item():.6f}")
 
 
+
+
+# ------------------------------------------------------------------------------------------------
+# Generation: the sampler is train_gpt's, step for step, so one seed gives the same tokens on both
+# sides (as long as the two sides' logits agree to the last bits that decide).
+
+def gpt2_tokenizer():
+    """GPT-2's BPE from the local files (data/gpt2_bpe.py: $GPT_MIRROR/gpt2 or data/mirror/gpt2)."""
+    sys.path.insert(0, os.path.join(HERE, "data"))
+    try:
+        import gpt2_bpe
+        return gpt2_bpe.local_encoding()
+    except ImportError as e:
+        raise Error(f"the GPT-2 tokenizer needs tiktoken ({one_line(e)})")
+    except gpt2_bpe.PrepError as e:
+        raise Error(str(e))
+
+
+def sample_next(logits, temperature, top_k, rng):
+    """The next token from the fp32 logits of the last position over the real vocabulary (V,).
+    Temperature 0: argmax (the lowest id on ties). Else in float64: s = logits / temperature; with
+    top_k > 0 only the ids whose s >= the top_k-th largest s stay (ties included); p = exp(s - max s)
+    over them; r = rng.uniform() * sum(p), summed in id order; walking the ids upwards, subtracting
+    p[id] from r, the first id where r < 0 (the last kept id if rounding never gets there)."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    s = logits.astype(np.float64) / temperature
+    keep = np.ones(s.size, dtype=bool)
+    if 0 < top_k < s.size:
+        keep = s >= np.partition(s, s.size - top_k)[s.size - top_k]
+    p = np.where(keep, np.exp(s - s.max()), 0.0)  # an excluded id adds 0: the sums are unchanged
+    r = rng.uniform() * np.cumsum(p)[-1]  # cumsum and accumulate add one term at a time, in order
+    below = np.flatnonzero(np.subtract.accumulate(np.concatenate([[r], p]))[1:] < 0)
+    return int(below[0]) if below.size else int(np.flatnonzero(keep)[-1])
+
+
+def cmd_generate(args):
+    device = pick_device(args.device)
+    model = load_model(args.checkpoint, device).eval()
+    cfg = model.cfg
+    if cfg.V != 50257:
+        raise Error(f"'{args.checkpoint}' has V={cfg.V}; generate needs GPT-2's vocabulary (V=50257)")
+    enc = gpt2_tokenizer()
+    context = [EOT] + enc.encode_ordinary(args.prompt)
+    rng, new = Rng(args.seed), []
+    start = time.time()
+    with torch.no_grad():
+        for _ in range(args.tokens):
+            window = torch.tensor([context[-cfg.maxT:]], device=device)  # the last maxT tokens
+            logits, _ = model(window)
+            token = sample_next(logits[0, -1].float().cpu().numpy(), args.temperature, args.top_k, rng)
+            context.append(token)
+            new.append(token)
+    seconds = time.time() - start
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")
+    print(args.prompt + enc.decode(new))
+    print("---")
+    print(f"{len(new)} tokens in {seconds:.2f} s: {len(new) / max(seconds, 1e-9):.1f} tokens/s on {device} "
+          f"(temperature {args.temperature:g}, top-k {args.top_k}, seed {args.seed})")
+    print("tokens: " + " ".join(str(t) for t in new))
+
+
+# ------------------------------------------------------------------------------------------------
+# Training as train_gpt.cu's main() does it: its DataLoader, learning_rate(), micro-batch loop,
+# gradient-norm clipping and AdamW (adamw.cuh), skipped non-finite steps and validation.
+
+class TokenStream:
+    """Token files concatenated in path order, read where a window needs them (memory-mapped)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(p) for p in parts])  # of each file in the stream
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def __getitem__(self, span):  # stream[a:b], across file boundaries
+        a, b = span.start, min(span.stop, len(self))
+        out, i = [], int(np.searchsorted(self.starts, a, side="right")) - 1
+        while a < b:
+            lo, hi = a - self.starts[i], min(b, self.starts[i + 1]) - self.starts[i]
+            out.append(self.parts[i][lo:hi])
+            a, i = a + hi - lo, i + 1
+        return np.concatenate(out) if out else np.zeros(0, np.uint16)
+
+
+def read_token_files(pattern, V, flag):
+    """The token files of a glob pattern, sorted by path, as one stream."""
+    paths = [pattern] if os.path.isfile(pattern) else sorted(glob.glob(pattern))
+    if not paths:
+        raise Error(f"{flag} '{pattern}': no such file")
+    parts = []
+    for path in paths:
+        n = int(read_header(path, TOKENS_MAGIC, TOKENS_VERSION, "token file")[2])
+        size = os.path.getsize(path)
+        if n < 1 or size != HEADER_INTS * 4 + 2 * n:
+            raise Error(f"token file '{path}': its header says {n} tokens, its size is {size} bytes (truncated?)")
+        tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_INTS * 4, shape=(n,))
+        top = max(int(tokens[i:i + (1 << 24)].max()) for i in range(0, n, 1 << 24))
+        if top >= V:
+            raise Error(f"token file '{path}' holds token {top} >= the model's V={V}")
+        parts.append(tokens)
+    return TokenStream(parts), paths
+
+
+class DataLoader:
+    """Window i = tokens [i*B*T, i*B*T + B*T + 1): inputs its first B*T, targets shifted by one. An
+    epoch visits the windows in order, or with shuffling in a Fisher-Yates permutation drawn from
+    Rng(seed * GOLDEN + epoch); next() rolls into the next epoch."""
+
+    def __init__(self, tokens, B, T, shuffle, seed, what):
+        if len(tokens) < B * T + 1:
+            raise Error(f"{what} has {len(tokens)} tokens, fewer than B*T+1 = {B * T + 1} (use a smaller -b or -t)")
+        self.tokens, self.B, self.T, self.shuffle, self.seed = tokens, B, T, shuffle, seed
+        self.windows = (len(tokens) - 1) // (B * T)
+        self.seek(0, 0)
+
+    def seek(self, epoch, cursor):
+        self.epoch, self.cursor = epoch, cursor
+        self.order = list(range(self.windows))
+        if self.shuffle:
+            rng = Rng(self.seed * GOLDEN + epoch)
+            for i in range(self.windows - 1, 0, -1):
+                j = rng.next() % (i + 1)
+                self.order[i], self.order[j] = self.order[j], self.order[i]
+
+    def next(self):
+        if self.cursor >= self.windows:
+            self.seek(self.epoch + 1, 0)
+        start = self.order[self.cursor] * self.B * self.T
+        self.cursor += 1
+        window = torch.from_numpy(self.tokens[start:start + self.B * self.T + 1].astype(np.int64))
+        return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
+
+
+def learning_rate(a, step):
+    """train_gpt.cu's learning_rate() (step from 0), in float32 as it computes it: linear warm-up to
+    -l over -u steps, then cosine to -l * -q at step -x."""
+    f = np.float32
+    if step < a.u:
+        return f(a.l) * f(step + 1) / f(a.u)
+    span = f(max(1, a.x - a.u))
+    progress = min(f(1.0), f(step - a.u) / span)
+    min_lr = f(a.l) * f(a.q)
+    return min_lr + f(0.5) * (f(a.l) - min_lr) * (f(1.0) + np.cos(f(3.14159265358979) * progress))
+
+
+def clip_factor(norm_squared, clip):
+    """adamw.cuh's clip_factor: PyTorch's clip_grad_norm_ factor min(1, clip / (norm + 1e-6)), in
+    float32; clip <= 0 is off."""
+    if clip <= 0:
+        return np.float32(1.0)
+    return min(np.float32(1.0), np.float32(clip) / (np.sqrt(np.float32(norm_squared)) + np.float32(1e-6)))
+
+
+def adamw_update(params, lr, t, weight_decay, factor):
+    """adamw.cuh's update of (param, m, v, decayed) with gradient grad * factor, t from 1."""
+    beta1, beta2, eps = np.float32(0.9), np.float32(0.95), np.float32(1e-8)
+    c1 = float(np.float32(1.0) - np.power(beta1, np.float32(t)))  # 1 - beta^t, in float as gpt_update
+    c2 = float(np.float32(1.0) - np.power(beta2, np.float32(t)))
+    lr, wd, factor = float(lr), float(np.float32(weight_decay)), float(factor)
+    b1, b2, eps = float(beta1), float(beta2), float(eps)
+    with torch.no_grad():
+        for p, m, v, decayed in params:
+            g = p.grad * factor
+            m.copy_(b1 * m + (1 - b1) * g)
+            v.copy_(b2 * v + (1 - b2) * g * g)
+            if decayed:
+                p.sub_(lr * wd * p)
+            p.sub_(lr * (m / c1) / (torch.sqrt(v / c2) + eps))
+
+
+def cmd_train(a):
+    device = pick_device(a.device)
+    if a.e in GPT2_DESCRIPTORS:
+        cfg = parse_model(a.e)
+        model = model_from_params(cfg, cuda_random_init(cfg, a.sd)).to(device)
+    else:
+        model = load_model(a.e, device)
+        cfg = model.cfg
+    if a.t > cfg.maxT:
+        raise Error(f"-t {a.t} is larger than the model's maximum sequence length {cfg.maxT}")
+    total_batch = a.d or a.b * a.t
+    if total_batch % (a.b * a.t):
+        raise Error(f"-d {a.d}: the total batch size must be a multiple of B*T = {a.b * a.t}")
+    accum = total_batch // (a.b * a.t)
+    train_tokens, train_paths = read_token_files(a.i, cfg.V, "-i")
+    train = DataLoader(train_tokens, a.b, a.t, a.sh == 1, a.sd, f"-i '{a.i}'")
+    val, val_batches = None, 0
+    if a.v > 0:  # -v 0 never validates: the files are not needed
+        val_tokens, _ = read_token_files(a.j, cfg.V, "-j")
+        rows = min(a.b, (len(val_tokens) - 1) // a.t)  # a small validation file serves fewer rows
+        if rows < 1:
+            raise Error(f"validation data '{a.j}' has {len(val_tokens)} tokens, fewer than T+1 = {a.t + 1} "
+                        f"(use a smaller -t, or -v 0)")
+        val = DataLoader(val_tokens, rows, a.t, False, 0, f"-j '{a.j}'")
+        val_batches = min(a.m, val.windows)
+    if a.s:
+        print("note: -s is accepted for train_gpt's command lines; the reference draws no samples "
+              "(gpt_reference.py generate does)")
+    print(f"reference: PyTorch {torch.__version__} on {device}, fp32 (TF32 off) | model {cfg}, "
+          f"{num_real_params(cfg)} parameters")
+    print(f"batch: B={a.b} T={a.t}, total {total_batch} tokens per step ({accum} micro-steps) | train "
+          f"{len(train_tokens)} tokens ({train.windows} windows, {len(train_paths)} file"
+          f"{'s' * (len(train_paths) != 1)}), val {len(val.tokens) if val else 0} tokens ({val_batches} batches)")
+    params = []  # (parameter, AdamW m, AdamW v, decayed)
+    for name, tensors in checkpoint_tensors(model):
+        params += [(t, torch.zeros_like(t), torch.zeros_like(t), name in DECAYED) for t in tensors]
+    metrics = None
+    if a.o:
+        os.makedirs(a.o, exist_ok=True)
+        metrics = open(os.path.join(a.o, "metrics.csv"), "w")
+        metrics.write("step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n")
+    last_val, train_loss, bad_steps = float("nan"), float("nan"), 0
+
+    def validate(step):
+        nonlocal last_val
+        val.seek(0, 0)
+        total = 0.0
+        with torch.no_grad():
+            for _ in range(val_batches):
+                x, y = val.next()
+                total += float(np.float32(model(x.to(device), y.to(device))[1].item()))
+        last_val = np.float32(total / val_batches)
+        print(f"step {step:5d} | val loss {last_val:.6f}")
+        if metrics:
+            metrics.write(f"{step},,{last_val:.6f},,,,\n")
+            metrics.flush()
+
+    start = time.time()
+    for step in range(a.x):
+        if a.v > 0 and step % a.v == 0:
+            validate(step)
+        t0 = time.time()
+        for p, _, _, _ in params:
+            p.grad = None
+        loss_sum = 0.0  # the micro-batches' mean losses, each rounded to float, summed in double
+        for _ in range(accum):
+            x, y = train.next()
+            _, loss = model(x.to(device), y.to(device))
+            (loss / accum).backward()  # the gradient of the step's mean loss
+            loss_sum += float(np.float32(loss.item()))
+        norm_squared = np.float32(sum(float((p.grad.double() ** 2).sum()) for p, _, _, _ in params))
+        lr = learning_rate(a, step)
+        if math.isfinite(loss_sum) and math.isfinite(norm_squared):
+            adamw_update(params, lr, step + 1, a.c, clip_factor(norm_squared, a.gc))
+            bad_steps = 0
+        else:  # as train_gpt: no update at all, and three in a row stop the run
+            bad_steps += 1
+            print(f"warning: step {step + 1}: non-finite {'grad norm' if math.isfinite(loss_sum) else 'loss'}, "
+                  f"update skipped", file=sys.stderr)
+            if bad_steps >= 3:
+                raise Error(f"stopping at step {step + 1}: {bad_steps} steps in a row had a non-finite loss "
+                            f"or gradient norm")
+        if device == "cuda":
+            torch.cuda.synchronize()
+        ms = (time.time() - t0) * 1e3
+        train_loss, norm = np.float32(loss_sum / accum), np.sqrt(norm_squared)
+        print(f"step {step + 1:5d}/{a.x} | loss {train_loss:.6f} | norm {norm:.4f} | lr {lr:.2e} | "
+              f"{ms:.1f} ms | {total_batch / (ms * 1e-3):.0f} tok/s")
+        if metrics:
+            tok_s = total_batch / (ms * 1e-3)
+            metrics.write(f"{step + 1},{train_loss:.6f},,{lr:.6e},{norm:.6f},{ms:.3f},{tok_s:.1f}\n")
+            metrics.flush()
+    if a.v > 0:
+        validate(a.x)
+    if a.o:
+        metrics.close()
+        path = os.path.join(a.o, f"model_{a.x:08d}.bin")
+        write_checkpoint(model, path)
+        print(f"checkpoint: wrote {path}")
+    print(f"done: {a.x} steps in {time.time() - start:.1f} s | final train loss {train_loss:.6f} | "
+          f"val loss {last_val:.6f}")
+
+
+# ------------------------------------------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit code 1, as every other bad input
+        raise Error(f"{message} (-h for usage)")
+
+
+def ranged(kind, lo, hi):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got '{text}'")
+        if not (lo <= value <= hi):  # also rejects nan
+            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}], got {text}")
+        return value
+    return parse
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog="Each subcommand has -h. Formats and details: the top of gpt_reference.py.")
     sub = p.add_subparsers(dest="command", required=True)
 
     init = sub.add_parser("init", help="write a checkpoint (random init or local GPT-2 weights)")
     init.add_argument("--model", default="d12", help="d6|d12|d24|d36|d48 or L=..,NH=..,C=..,V=..,maxT=.. (default d12)")
     init.add_argument("--seed", type=int, default=1337, help="init seed (default 1337)")
-    init.add_argument("--from-hf", metavar="FILE", help="local Hugging Face GPT-2 pytorch_model.bin instead of random init")
+    init.add_argument("--from-hf", metavar="SOURCE", help="same as `import SOURCE` (any file import reads)")
     init.add_argument("--out", required=True, help="checkpoint to write")
 
     def batch_args(q):
@@ -407,18 +1058,81 @@ def main(argv=None):
     loss = sub.add_parser("loss", help="print a checkpoint's loss on one batch")
     batch_args(loss)
 
+    imp = sub.add_parser("import", help="our checkpoint from Hugging Face GPT-2 files or an llm.c model file")
+    imp.add_argument("source", metavar="SOURCE",
+                     help="model.safetensors, pytorch_model.bin, their folder, or an llm.c model file")
+    imp.add_argument("--out", required=True, metavar="FILE", help="checkpoint to write")
+
+    exp = sub.add_parser("export", help="a checkpoint to a Hugging Face folder or an llm.c model file")
+    exp.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint (or any file import reads)")
+    exp.add_argument("--out", required=True, metavar="PATH", help="folder (hf) or file (llmc) to write")
+    exp.add_argument("--format", default="hf", choices=["hf", "llmc"],
+                     help="hf: config.json + model.safetensors; llmc: llm.c model file (default hf)")
+    exp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                     help="parameter type; llmc: fp32 = version 3, bf16 = version 5 (default fp32)")
+
+    gen = sub.add_parser("generate", help="sample text from a model")
+    gen.add_argument("--checkpoint", "-e", required=True, metavar="FILE", help="checkpoint (or any file import reads)")
+    gen.add_argument("--prompt", default="", metavar="TEXT",
+                     help="text after <|endoftext|> to continue (default: none)")
+    gen.add_argument("--tokens", "-n", type=ranged(int, 1, 1 << 20), default=64, metavar="N",
+                     help="tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=ranged(float, 0.0, 1e6), default=1.0, metavar="T",
+                     help="softmax temperature; 0 = greedy (default 1.0)")
+    gen.add_argument("--top-k", type=ranged(int, 0, 1 << 30), default=0, metavar="K",
+                     help="sample among the K most likely tokens; 0 = all (default 0)")
+    gen.add_argument("--seed", type=ranged(int, 0, 2**64 - 1), default=1337, metavar="S",
+                     help="sampler seed (default 1337)")
+    gen.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
+
+    tr = sub.add_parser("train", allow_abbrev=False, help="train as train_gpt does (same flags), in fp32",
+                        description="Trains the reference exactly as train_gpt does; the flags are train_gpt's.")
+    tr.add_argument("-e", default="d12", metavar="MODEL",
+                    help="checkpoint (or any file import reads), or d6|d12|d24|d36|d48 for train_gpt's own "
+                         "random init from -sd (default d12)")
+    tr.add_argument("-i", default="data/tinyshakespeare/tiny_shakespeare_train.bin", metavar="GLOB",
+                    help="training token files: a glob, files sorted by path and concatenated")
+    tr.add_argument("-j", default="data/tinyshakespeare/tiny_shakespeare_val.bin", metavar="GLOB",
+                    help="validation token files, likewise")
+    tr.add_argument("-b", type=ranged(int, 1, 4096), default=16, metavar="B", help="micro-batch size (default 16)")
+    tr.add_argument("-t", type=ranged(int, 1, 65536), default=1024, metavar="T", help="sequence length (default 1024)")
+    tr.add_argument("-d", type=ranged(int, 1, 1 << 30), default=0, metavar="TOKENS",
+                    help="total batch size in tokens, a multiple of B*T (default B*T)")
+    tr.add_argument("-x", type=ranged(int, 1, 1 << 30), default=100, metavar="STEPS",
+                    help="optimizer steps (default 100)")
+    tr.add_argument("-l", type=ranged(float, 0.0, 10.0), default=6e-4, metavar="LR",
+                    help="peak learning rate (default 6e-4)")
+    tr.add_argument("-u", type=ranged(int, 0, 1 << 30), default=10, metavar="STEPS", help="warm-up steps (default 10)")
+    tr.add_argument("-q", type=ranged(float, 0.0, 1.0), default=0.1, metavar="FRAC",
+                    help="final learning rate as a fraction of -l, cosine decay (default 0.1)")
+    tr.add_argument("-c", type=ranged(float, 0.0, 10.0), default=0.1, metavar="WD", help="weight decay (default 0.1)")
+    tr.add_argument("-gc", type=ranged(float, 0.0, 1e6), default=1.0, metavar="CLIP",
+                    help="global gradient-norm clip, 0 = off (default 1.0)")
+    tr.add_argument("-v", type=ranged(int, 0, 1 << 30), default=20, metavar="N",
+                    help="validation loss every N steps and at the end, 0 = never (default 20)")
+    tr.add_argument("-m", type=ranged(int, 1, 1 << 20), default=20, metavar="N", help="validation batches (default 20)")
+    tr.add_argument("-sd", type=ranged(int, 0, 1 << 62), default=1337, metavar="SEED",
+                    help="seed of shuffling and of a -e d12-style init (default 1337)")
+    tr.add_argument("-sh", type=ranged(int, 0, 1), default=1, metavar="0|1",
+                    help="shuffle the windows each epoch (default 1)")
+    tr.add_argument("-s", type=ranged(int, 0, 1 << 30), default=0, metavar="N",
+                    help="accepted for train_gpt's command lines; no samples are drawn")
+    tr.add_argument("-o", metavar="DIR", help="write DIR/metrics.csv and, at the end, DIR/model_<steps>.bin")
+    tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
+
     args = p.parse_args(argv)
     for name in ("batch", "seq", "steps"):
         if getattr(args, name, 1) < 1:
             raise Error(f"--{name} must be >= 1")
     if getattr(args, "offset", 0) < 0:
         raise Error("--offset must be >= 0")
-    {"init": cmd_init, "state": cmd_state, "loss": cmd_loss}[args.command](args)
+    {"init": cmd_init, "state": cmd_state, "loss": cmd_loss, "import": cmd_import, "export": cmd_export,
+     "generate": cmd_generate, "train": cmd_train}[args.command](args)
 
 
 if __name__ == "__main__":
     try:
         main()
-    except Error as e:
+    except (Error, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

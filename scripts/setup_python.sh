@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Finds (or installs) a Python with PyTorch, numpy and tiktoken, and prints its path on stdout.
-# Order: $PYTHON if set, python3 on PATH, Debian's /usr/bin/python3. Where none has PyTorch and we
-# are root on Debian, installs python3-torch, python3-numpy and python3-pip with apt-get (PyTorch
-# from PyPI would pull gigabytes of CUDA wheels; Debian's CPU build is all the tests need). tiktoken
-# comes from PyPI. Messages go to stderr.
+# Finds (or installs) a Python with PyTorch, numpy, tiktoken, safetensors and matplotlib, and prints
+# its path on stdout. Order: $PYTHON if set, python3 on PATH, Debian's /usr/bin/python3. Where none
+# has PyTorch and we are root on Debian, installs python3-torch, python3-numpy and python3-pip with
+# apt-get (PyTorch from PyPI would pull gigabytes of CUDA wheels; Debian's CPU build is all the tests
+# need). tiktoken and safetensors come from PyPI. matplotlib comes from Debian (python3-matplotlib)
+# for Debian's own Python: pip's matplotlib would replace Debian's numpy 1.x with numpy 2, which
+# Debian's PyTorch was not built for ("Numpy is not available"); for any other Python it comes from
+# PyPI with numpy held at the installed version. Messages go to stderr.
 set -euo pipefail
 
 has() { "$1" -c "import $2" >/dev/null 2>&1; }
@@ -30,13 +33,34 @@ if [[ -z "$python" ]]; then
     fi
 fi
 
-if ! has "$python" tiktoken; then
-    echo "setup: installing tiktoken with pip for $python" >&2
-    # Debian marks its Python as externally managed; tiktoken is one small wheel with no conflicts.
-    "$python" -m pip install -q tiktoken >&2 2>/dev/null ||
-        "$python" -m pip install -q --break-system-packages tiktoken >&2 || {
-        echo "error: could not install tiktoken for $python" >&2
+# pip_install PACKAGE...: into $python; Debian marks its Python as externally managed.
+pip_install() {
+    "$python" -m pip install -q "$@" >&2 2>/dev/null ||
+        "$python" -m pip install -q --break-system-packages "$@" >&2 || {
+        echo "error: could not install $* for $python" >&2
         exit 1
     }
+}
+
+# tiktoken and safetensors are small wheels that leave numpy and torch alone.
+for package in tiktoken safetensors; do
+    if ! has "$python" "$package"; then
+        echo "setup: installing $package with pip for $python" >&2
+        pip_install "$package"
+    fi
+done
+
+if ! has "$python" matplotlib; then
+    if [[ $python == /usr/bin/python3* && $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing python3-matplotlib with apt-get" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >&2
+        apt-get install -y -qq python3-matplotlib >&2
+    else
+        numpy_version=$("$python" -c "import numpy; print(numpy.__version__)")
+        echo "setup: installing matplotlib with pip for $python (numpy held at $numpy_version)" >&2
+        pip_install matplotlib "numpy==$numpy_version"
+    fi
+    has "$python" matplotlib || { echo "error: matplotlib is still not importable by $python" >&2; exit 1; }
 fi
 echo "$python"

@@ -97,7 +97,9 @@ L, C, Vp = int(h[2]), int(h[4]), int(h[7])
 p = data[1024:].view(np.float32).copy()
 p[:Vp * C] = np.where(np.random.default_rng(0).random(Vp * C) < 0.5, -3e38, 3e38)
 p[p.size - 2 * C:p.size - C] = 3e38  # lnfw (lnfb is last)
-open(sys.argv[2], "wb").write(data[:1024].tobytes() + p.tobytes())
+h = h.copy()
+h[8] = 0  # the payload changed: no crc32 recorded (0), so the loader reaches the values
+open(sys.argv[2], "wb").write(h.tobytes() + p.tobytes())
 EOF
 set +e
 

@@ -21,7 +21,7 @@ NO_CUDA="error: no CUDA device found"
 gen() { "$PYTHON" test/train_inputs.py "$@"; }
 edit() { gen edit "$@"; }
 
-# ---- inputs: a model with V=1237, maxT=50 (PyTorch-written, no crc) and files that fit it
+# ---- inputs: a model with V=1237, maxT=50 (PyTorch-written) and files that fit it
 if ! "$PYTHON" gpt_reference.py init --model L=2,NH=3,C=39,V=1237,maxT=50 --seed 1 --out "$tmp/pt.ckpt" >/dev/null; then
     echo "FAIL: gpt_reference.py init could not write the test checkpoint"
     echo "0 passed, 1 failed, 0 skipped"
@@ -39,8 +39,9 @@ edit "$M" "$tmp/magic.ckpt" --set-int 0=20240520
 edit "$M" "$tmp/version.ckpt" --set-int 1=2
 edit "$M" "$tmp/badcfg.ckpt" --set-int 3=5  # NH=5 does not divide C=39
 edit "$M" "$tmp/hugecfg.ckpt" --set-int 2=1000 --set-int 4=65536  # L=1000 C=65536: size check, no allocation
-edit "$M" "$tmp/nan.ckpt" --set-float 77=nan
+edit "$M" "$tmp/nan.ckpt" --set-float 77=nan --set-int 8=0  # crc32 0 (none): the NaN check, not the crc, must catch it
 edit "$tmp/ours.ckpt" "$tmp/ours_badcrc.ckpt" --set-int 8=12345
+edit "$M" "$tmp/nocrc.ckpt" --set-int 8=0  # crc32 0: none recorded
 
 gen tokens "$tmp/train.bin" 3000
 gen tokens "$tmp/val.bin" 800 --seed 1
@@ -243,6 +244,7 @@ for prec in fp32 bf16; do
     expect_valid "-d 64 = 2*B*T (accumulation) accepted" "${base[@]}" -d 64
     expect_valid "-t 50 = maxT accepted" "${base[@]}" -t 50
     expect_valid "-e with crc32 (our model file) accepted" "${base[@]}" -e "$tmp/ours.ckpt"
+    expect_valid "-e with crc32 0 (none recorded) accepted" "${base[@]}" -e "$tmp/nocrc.ckpt"
     expect_valid "-z version 1 tokenizer accepted" "${base[@]}" -z "$tmp/tok_v1.bin"
     expect_valid "-o new folder accepted" "${base[@]}" -o "$tmp/out_$prec"
 
@@ -285,7 +287,7 @@ for prec in fp32 bf16; do
     expect_error "-e a folder" "$tmp" "${base[@]}" -e "$tmp"
     expect_error "-e empty file" "$tmp/empty.ckpt" "${base[@]}" -e "$tmp/empty.ckpt"
     expect_error "-e 100 bytes (truncated header)" "$tmp/short.ckpt" "${base[@]}" -e "$tmp/short.ckpt"
-    expect_error "-e truncated by 4 bytes (no crc: size)" "$tmp/pt_trunc.ckpt" "${base[@]}" -e "$tmp/pt_trunc.ckpt"
+    expect_error "-e truncated by 4 bytes (size)" "$tmp/pt_trunc.ckpt" "${base[@]}" -e "$tmp/pt_trunc.ckpt"
     expect_error "-e 4 bytes too long" "$tmp/pt_long.ckpt" "${base[@]}" -e "$tmp/pt_long.ckpt"
     expect_error "-e flipped payload byte (crc32)" "$tmp/ours_flip.ckpt" "${base[@]}" -e "$tmp/ours_flip.ckpt"
     expect_error "-e wrong crc32 in the header" "$tmp/ours_badcrc.ckpt" "${base[@]}" -e "$tmp/ours_badcrc.ckpt"

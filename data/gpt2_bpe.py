@@ -1,0 +1,169 @@
+"""gpt2_bpe.py: what the data scripts and gpt_reference.py share about GPT-2's tokenizer and llm.c's files.
+
+  gpt2_encoding(encoder_json, vocab_bpe)   a tiktoken Encoding built from OpenAI's two GPT-2 files
+  local_encoding()                         the same, from the files on disk ($GPT_MIRROR/gpt2/ or
+                                           data/mirror/gpt2/, sha256-checked); never downloads
+  write_tokenizer(enc, path)               llm.c's tokenizer file (magic 20240328, version 2)
+  token_file_header(count)                 llm.c's token-file header (magic 20240520, version 1)
+  atomic_write(path, chunks)               temp file in the same folder, fsync, rename
+
+Not a program: imported by data/prepare_tinyshakespeare.py, data/prepare_text.py and gpt_reference.py.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name in the mirror -> (canonical URL, sha256). The hashes are the ones tiktoken pins.
+BPE_FILES = {
+    "gpt2/encoder.json": (
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+        "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+    "gpt2/vocab.bpe": (
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+        "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+}
+
+# GPT-2's pre-tokenizer regex (tiktoken's r50k/gpt2 pat_str).
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+EOT = 50256
+VOCAB_SIZE = 50257
+TOKENS_MAGIC, TOKENS_VERSION = 20240520, 1
+TOKENIZER_MAGIC, TOKENIZER_VERSION = 20240328, 2
+HEADER_BYTES = 256 * 4
+
+
+class PrepError(Exception):
+    """A bad input: the scripts print it as one `error: ...` line and exit 1."""
+
+
+def atomic_write(path, chunks):
+    """Temp file in the same folder, fsync, rename: a reader never sees a half-written file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".tmp.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; outputs are ordinary shared files
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def gpt2_mergeable_ranks(encoder_json, vocab_bpe):
+    """GPT-2's BPE ranks (token bytes -> id) from the two OpenAI files.
+
+    Parsed here rather than with tiktoken.load, whose loader goes through a download cache in the
+    temp folder. GPT-2's files spell bytes as printable characters: printable non-space bytes stand
+    for themselves, the other 68 bytes are mapped in order to chr(256), chr(257), ...
+    """
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    char_to_byte = {chr(b): b for b in printable}
+    others = [b for b in range(256) if b not in char_to_byte.values()]
+    char_to_byte.update({chr(256 + i): b for i, b in enumerate(others)})
+    to_bytes = lambda s: bytes(char_to_byte[c] for c in s)
+
+    # Ranks are the merge order: the 256 single bytes (printable ones first), then one per merge.
+    ranks = {bytes([b]): i for i, b in enumerate(printable + others)}
+    for line in vocab_bpe.decode("utf-8").split("\n")[1:-1]:  # first line is a version comment
+        first, second = line.split()
+        ranks[to_bytes(first) + to_bytes(second)] = len(ranks)
+
+    # tiktoken assumes id == merge rank; the encoder must agree, or tokens would be silently wrong.
+    encoder = {to_bytes(k): v for k, v in json.loads(encoder_json).items() if k != "<|endoftext|>"}
+    if encoder != ranks:
+        raise PrepError("gpt2/encoder.json and gpt2/vocab.bpe disagree on token ids")
+    return ranks
+
+
+def gpt2_encoding(encoder_json, vocab_bpe):
+    import tiktoken
+    ranks = gpt2_mergeable_ranks(encoder_json, vocab_bpe)
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
+
+
+def local_encoding():
+    """GPT-2's encoding from $GPT_MIRROR/gpt2/ if set, else data/mirror/gpt2/ (where
+    prepare_tinyshakespeare.py downloads them); each file sha256-checked. Never downloads."""
+    mirror = os.environ.get("GPT_MIRROR") or os.path.join(HERE, "mirror")
+    contents = []
+    for name, (_, want) in BPE_FILES.items():
+        path = os.path.join(mirror, name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            raise PrepError(f"GPT-2's BPE file {path} not found: set GPT_MIRROR to a folder holding "
+                            f"{' and '.join(BPE_FILES)}, or run data/prepare_tinyshakespeare.py once "
+                            f"(it downloads them into data/mirror/)")
+        if sha256(data) != want:
+            raise PrepError(f"{path}: sha256 {sha256(data)}, expected {want} (corrupt or different file)")
+        contents.append(data)
+    return gpt2_encoding(*contents)
+
+
+def header(magic, version, count, extra=0):
+    h = np.zeros(256, dtype="<i4")
+    h[0], h[1], h[2], h[3] = magic, version, count, extra
+    return h.tobytes()
+
+
+def token_file_header(count):
+    return header(TOKENS_MAGIC, TOKENS_VERSION, count)
+
+
+def token_file_ok(path):
+    """Header magic/version right and the token count matches the file size."""
+    try:
+        with open(path, "rb") as f:
+            h = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+        size = os.path.getsize(path)
+    except OSError:
+        return False
+    return (len(h) == 256 and h[0] == TOKENS_MAGIC and h[1] == TOKENS_VERSION and h[2] >= 1
+            and size == HEADER_BYTES + 2 * int(h[2]))
+
+
+def tokenizer_file_ok(path):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    if len(data) < HEADER_BYTES:
+        return False
+    h = np.frombuffer(data[:HEADER_BYTES], dtype="<i4")
+    if h[0] != TOKENIZER_MAGIC or h[1] != TOKENIZER_VERSION or h[2] != VOCAB_SIZE or h[3] != EOT:
+        return False
+    pos = HEADER_BYTES
+    for _ in range(VOCAB_SIZE):
+        if pos >= len(data):
+            return False
+        pos += 1 + data[pos]
+    return pos == len(data)
+
+
+def write_tokenizer(enc, path):
+    """256 x int32 header (magic 20240328, version 2, vocab size, eot token), then for each token id
+    a uint8 length and that many raw bytes."""
+    pieces = [enc.decode_single_token_bytes(i) for i in range(VOCAB_SIZE)]
+    if not all(0 < len(p) < 256 for p in pieces):  # the uint8 length field; true of GPT-2's vocab
+        raise PrepError("a token's bytes do not fit the tokenizer file's uint8 length field")
+    atomic_write(path, [header(TOKENIZER_MAGIC, TOKENIZER_VERSION, VOCAB_SIZE, EOT)]
+                 + [bytes([len(p)]) + p for p in pieces])

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Plots training runs side by side: loss and tokens/s against step, one colour per run.
+
+    python scripts/plot_runs.py RUN_DIR [RUN_DIR ...] -o runs.png
+
+Each RUN_DIR holds the metrics.csv that train_gpt (and `gpt_reference.py train -o`) write into their
+output folder:
+    step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s
+one row per training step (val_loss empty) and one per validation (only step and val_loss filled).
+Top panel: training loss (solid) and validation loss (dashed, dots); bottom panel: tokens/s. The
+legend names each run by its folder. The PNG is written atomically (temporary file, then rename).
+"""
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+
+COLUMNS = ["step", "train_loss", "val_loss", "lr", "grad_norm", "step_ms", "tokens_per_s"]
+
+
+class Error(Exception):
+    """A bad input: one `error: ...` line on stderr, exit code 1."""
+
+
+def read_metrics(run_dir):
+    """{column: [value or None per row]} of RUN_DIR/metrics.csv, every field checked."""
+    if not os.path.isdir(run_dir):
+        raise Error(f"run folder '{run_dir}' not found")
+    path = os.path.join(run_dir, "metrics.csv")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise Error(f"'{path}' not found (train_gpt writes it into its -o folder)")
+    except (OSError, UnicodeDecodeError) as e:
+        raise Error(f"cannot read '{path}': {e}")
+    if not lines or [c.strip() for c in lines[0].split(",")] != COLUMNS:
+        raise Error(f"{path} line 1: expected the header '{','.join(COLUMNS)}', got '{lines[0] if lines else ''}'")
+    table = {c: [] for c in COLUMNS}
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = [x.strip() for x in line.split(",")]
+        if len(fields) != len(COLUMNS):
+            raise Error(f"{path} line {number}: {len(fields)} fields, expected {len(COLUMNS)}")
+        for column, text in zip(COLUMNS, fields):
+            try:
+                value = None if text == "" else (int(text) if column == "step" else float(text))
+            except ValueError:
+                raise Error(f"{path} line {number}: {column} '{text}' is not a number")
+            table[column].append(value)
+        if table["step"][-1] is None or table["step"][-1] < 0:
+            raise Error(f"{path} line {number}: no step")
+        if (table["train_loss"][-1] is None) == (table["val_loss"][-1] is None):
+            raise Error(f"{path} line {number}: a row holds either train_loss (a step) or val_loss (a validation)")
+    if not table["step"]:
+        raise Error(f"{path}: no rows after the header")
+    return table
+
+
+def points(table, column):
+    """(steps, values) of the rows where `column` is filled."""
+    pairs = [(s, v) for s, v in zip(table["step"], table[column]) if v is not None]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def plot(runs, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise Error("plotting needs matplotlib (scripts/setup_python.sh installs it)")
+    fig, (loss_ax, speed_ax) = plt.subplots(2, 1, figsize=(10, 8), sharex=True,
+                                            gridspec_kw={"height_ratios": [2, 1]})
+    for i, (name, table) in enumerate(runs):
+        colour = f"C{i % 10}"
+        steps, values = points(table, "train_loss")
+        loss_ax.plot(steps, values, color=colour, linewidth=1.2, label=name)
+        steps, values = points(table, "val_loss")
+        loss_ax.plot(steps, values, color=colour, linestyle="--", marker="o", markersize=3)
+        steps, values = points(table, "tokens_per_s")
+        speed_ax.plot(steps, values, color=colour, linewidth=1.0)
+    loss_ax.set_ylabel("loss (solid: train, dashed: val)")
+    loss_ax.legend()
+    loss_ax.grid(alpha=0.3)
+    speed_ax.set_ylabel("tokens/s")
+    speed_ax.set_xlabel("step")
+    speed_ax.grid(alpha=0.3)
+    fig.tight_layout()
+    folder = os.path.dirname(os.path.abspath(out))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(out), suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=100)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    plt.close(fig)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit code 1
+        raise Error(f"{message} (-h for usage)")
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.split("\n\n")[0], epilog="Details: the top of scripts/plot_runs.py.")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="folders holding a metrics.csv")
+    p.add_argument("-o", "--out", required=True, metavar="PNG", help="image to write")
+    args = p.parse_args(argv)
+    names = [os.path.basename(os.path.normpath(r)) for r in args.runs]
+    # The folder names are the legend; where two runs share one, their paths tell them apart.
+    names = [n if names.count(n) == 1 else os.path.normpath(r) for n, r in zip(names, args.runs)]
+    runs = [(name, read_metrics(r)) for name, r in zip(names, args.runs)]
+    plot(runs, args.out)
+    for name, table in runs:
+        steps, losses = points(table, "train_loss")
+        _, val = points(table, "val_loss")
+        last = f"step {steps[-1]} train loss {losses[-1]:.4f}" if steps else "no training rows"
+        if val and not math.isnan(val[-1]):
+            last += f", val loss {val[-1]:.4f}"
+        print(f"{name}: {len(steps)} steps, {len(val)} validations; {last}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (Error, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

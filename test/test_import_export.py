@@ -1,0 +1,259 @@
+"""gpt_reference.py import / export: our checkpoint <-> Hugging Face files and llm.c model files.
+
+CPU only, a few seconds. Round trips compare whole checkpoint files byte for byte (header, crc32 and
+every parameter); the formats are also checked against layouts this test builds itself with numpy
+(Hugging Face's Conv1D (in, out) weights, llm.c's header and bf16 rounding), not only against our
+writer. Then broken, truncated and mismatched inputs must fail with one `error:` line, exit code 1.
+Ends with `N passed, N failed, N skipped`.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import zlib
+
+import numpy as np
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, one_line_error, ref_cli, ref_process  # noqa: E402
+
+import torch  # noqa: E402
+import gpt_reference as ref  # noqa: E402
+
+CONV1D = {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"}
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def payload(path):
+    return np.frombuffer(read(path)[1024:], dtype=np.float32)
+
+
+def header(path):
+    return np.frombuffer(read(path)[:1024], dtype=np.int32)
+
+
+def hf_state_dict(ckpt, prefix="transformer."):
+    """The Hugging Face state dict of a checkpoint, built here from the file's bytes and the
+    documented layout (not with gpt_reference's writer)."""
+    cfg, params = ref.read_checkpoint_params(ckpt)
+    sd = {prefix + "wte.weight": params["wte"][:cfg.V], prefix + "wpe.weight": params["wpe"],
+          prefix + "ln_f.weight": params["lnfw"], prefix + "ln_f.bias": params["lnfb"]}
+    names = {"ln_1.weight": "ln1w", "ln_1.bias": "ln1b", "attn.c_attn.weight": "qkvw", "attn.c_attn.bias": "qkvb",
+             "attn.c_proj.weight": "attprojw", "attn.c_proj.bias": "attprojb", "ln_2.weight": "ln2w",
+             "ln_2.bias": "ln2b", "mlp.c_fc.weight": "fcw", "mlp.c_fc.bias": "fcb", "mlp.c_proj.weight": "fcprojw",
+             "mlp.c_proj.bias": "fcprojb"}
+    for i in range(cfg.L):
+        for hf, ours in names.items():
+            sd[f"{prefix}h.{i}.{hf}"] = params[ours][i].T if hf in CONV1D else params[ours][i]
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}
+
+
+def bf16_round(a):
+    """fp32 -> bf16 -> fp32 with round to nearest even, by bit arithmetic (finite values)."""
+    u = a.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def expect_error(what, args, mention=""):
+    rc, _, err = ref_cli(args)
+    ok, line = one_line_error(rc, err, mention)
+    check(what, ok and "Traceback" not in err, line)
+
+
+def main():
+    from safetensors.torch import load_file, save_file
+    holder = tempfile.TemporaryDirectory(prefix="test_import_export.")
+    tmp = holder.name
+    p = lambda *names: os.path.join(tmp, *names)  # noqa: E731
+    odd = p("odd.ckpt")      # C=39, 3 heads of 13: only config.json can say NH
+    wide = p("wide.ckpt")    # C=128: NH=2 is inferred from heads of 64 without config.json
+    ref_cli(["init", "--model", "L=2,NH=3,C=39,V=1237,maxT=50", "--seed", "1", "--out", odd])
+    ref_cli(["init", "--model", "L=2,NH=2,C=128,V=1000,maxT=32", "--seed", "2", "--out", wide])
+
+    print("our checkpoints carry a crc32")
+    h = header(odd).copy()
+    stored = int(h.view(np.uint32)[8])
+    h[8] = 0
+    want = zlib.crc32(read(odd)[1024:], zlib.crc32(h.tobytes()))
+    check("header[8] == zlib.crc32(header with [8] = 0, then the payload)", stored == want and stored != 0,
+          f"{stored:08x} vs {want:08x}")
+    flipped = bytearray(read(odd))
+    flipped[5000] ^= 1
+    write(p("flipped.ckpt"), bytes(flipped))
+    expect_error("a flipped payload byte fails the crc32 check", ["export", p("flipped.ckpt"), "--out", p("x")], "crc32")
+    nocrc = bytearray(read(odd))
+    nocrc[32:36] = bytes(4)
+    write(p("nocrc.ckpt"), bytes(nocrc))
+    rc, _, err = ref_cli(["import", p("nocrc.ckpt"), "--out", p("nocrc2.ckpt")])
+    check("crc32 0 (not recorded) is accepted; rewriting records it", rc == 0 and read(p("nocrc2.ckpt")) == read(odd),
+          err.strip()[:80])
+
+    print("Hugging Face: export")
+    rc, out, err = ref_cli(["export", odd, "--out", p("hf_odd")])
+    check("export to a folder", rc == 0 and sorted(os.listdir(p("hf_odd"))) == ["config.json", "model.safetensors"],
+          (out + err).strip()[:80])
+    config = json.load(open(p("hf_odd", "config.json")))
+    want = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_head": 3, "n_embd": 39,
+            "n_positions": 50, "n_ctx": 50, "vocab_size": 1237, "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
+    bad = {k: config.get(k) for k, v in want.items() if config.get(k) != v}
+    check("config.json: GPT2LMHeadModel, n_layer 2, n_head 3, n_embd 39, ...", not bad, f"differs: {bad}" if bad else "")
+    got, expected = load_file(p("hf_odd", "model.safetensors")), hf_state_dict(odd)
+    same = sorted(got) == sorted(expected) and all(
+        got[k].dtype == torch.float32 and torch.equal(got[k], expected[k]) for k in expected)
+    check("model.safetensors == the layout built here (transformer., Conv1D (in, out))", same,
+          f"{len(got)} tensors; wte {tuple(got['transformer.wte.weight'].shape)}, c_attn "
+          f"{tuple(got['transformer.h.0.attn.c_attn.weight'].shape)}")
+    check("no lm_head.weight (tied to wte: saved once)", not any("lm_head" in k for k in got))
+
+    print("Hugging Face: import")
+    rc, _, err = ref_cli(["import", p("hf_odd"), "--out", p("back.ckpt")])
+    check("folder (model.safetensors + config.json) -> identical checkpoint", rc == 0 and read(p("back.ckpt")) == read(odd),
+          err.strip()[:80])
+    os.makedirs(p("plain"))
+    sd = hf_state_dict(odd, prefix="")
+    sd.update({f"h.{i}.attn.bias": torch.tril(torch.ones(1, 1, 50, 50)) for i in range(2)})  # older files' buffers
+    save_file(sd, p("plain", "model.safetensors"), metadata={"format": "pt"})
+    write(p("plain", "config.json"), read(p("hf_odd", "config.json")))
+    rc, _, err = ref_cli(["import", p("plain", "model.safetensors"), "--out", p("plain.ckpt")])
+    check("keys without transformer., attn.bias buffers ignored -> identical", rc == 0 and read(p("plain.ckpt")) == read(odd),
+          err.strip()[:80])
+    os.makedirs(p("bin"))
+    sd = hf_state_dict(odd)
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    sd.update({f"transformer.h.{i}.attn.masked_bias": torch.tensor(-1e4) for i in range(2)})
+    torch.save(sd, p("bin", "pytorch_model.bin"))
+    write(p("bin", "config.json"), read(p("hf_odd", "config.json")))
+    rc, _, err = ref_cli(["import", p("bin"), "--out", p("bin.ckpt")])
+    check("pytorch_model.bin (tied lm_head.weight, masked_bias) -> identical", rc == 0 and read(p("bin.ckpt")) == read(odd),
+          err.strip()[:80])
+    os.makedirs(p("noconfig"))
+    torch.save(hf_state_dict(wide, prefix=""), p("noconfig", "pytorch_model.bin"))
+    rc, _, err = ref_cli(["import", p("noconfig", "pytorch_model.bin"), "--out", p("noconfig.ckpt")])
+    check("no config.json: L, C, maxT, V from shapes, NH = C/64 -> identical",
+          rc == 0 and read(p("noconfig.ckpt")) == read(wide), err.strip()[:80])
+    write(p("noconfig", "config.json"), json.dumps({"n_layer": 2, "n_head": 4, "n_embd": 128, "n_positions": 32,
+                                                     "vocab_size": 1000}).encode())
+    rc, _, err = ref_cli(["import", p("noconfig"), "--out", p("nh4.ckpt")])
+    check("config.json beside it is read: n_head 4 (not the inferred 2)", rc == 0 and header(p("nh4.ckpt"))[3] == 4
+          and read(p("nh4.ckpt"))[1024:] == read(wide)[1024:], f"header NH {header(p('nh4.ckpt'))[3] if rc == 0 else '?'}")
+    rc, _, err = ref_cli(["export", odd, "--out", p("hf_bf16"), "--dtype", "bf16"])
+    rc2, _, err2 = ref_cli(["import", p("hf_bf16"), "--out", p("hf_bf16.ckpt")])
+    ok = rc == rc2 == 0 and np.array_equal(payload(p("hf_bf16.ckpt")), bf16_round(payload(odd)))
+    check("bf16 safetensors: import == our parameters rounded to bf16", ok, (err + err2).strip()[:80])
+
+    print("llm.c model files")
+    rc, _, err = ref_cli(["export", odd, "--out", p("odd.v3.bin"), "--format", "llmc"])
+    h = header(p("odd.v3.bin"))
+    check("v3 header: 20240326, 3, maxT 50, V 1237, L 2, NH 3, C 39, Vp 1280",
+          rc == 0 and list(h[:8]) == [20240326, 3, 50, 1237, 2, 3, 39, 1280] and not h[8:].any(), f"{list(h[:8])}")
+    check("v3 parameters == ours, same order, bit for bit", read(p("odd.v3.bin"))[1024:] == read(odd)[1024:])
+    rc, _, err = ref_cli(["import", p("odd.v3.bin"), "--out", p("v3.ckpt")])
+    check("v3 -> import -> identical checkpoint", rc == 0 and read(p("v3.ckpt")) == read(odd), err.strip()[:80])
+    made = np.zeros(256, np.int32)  # an llm.c file made here, from the documented header
+    made[:8] = 20240326, 3, 32, 1000, 2, 2, 128, 1024
+    write(p("made.v3.bin"), made.tobytes() + read(wide)[1024:])
+    rc, _, err = ref_cli(["import", p("made.v3.bin"), "--out", p("made.ckpt")])
+    check("an llm.c v3 file built here -> import -> identical", rc == 0 and read(p("made.ckpt")) == read(wide),
+          err.strip()[:80])
+    rc, _, err = ref_cli(["export", odd, "--out", p("odd.v5.bin"), "--format", "llmc", "--dtype", "bf16"])
+    h = header(p("odd.v5.bin"))
+    bits = np.frombuffer(read(p("odd.v5.bin"))[1024:], dtype=np.uint16)
+    want = (bf16_round(payload(odd)).view(np.uint32) >> 16).astype(np.uint16)
+    check("v5 header (version 5) and bf16 parameters == round to nearest even",
+          rc == 0 and h[1] == 5 and list(h[2:8]) == [50, 1237, 2, 3, 39, 1280] and np.array_equal(bits, want),
+          f"{bits.size} values")
+    rc, _, err = ref_cli(["import", p("odd.v5.bin"), "--out", p("v5.ckpt")])
+    a, b = payload(p("v5.ckpt")), payload(odd)
+    rel = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30)))
+    check("v5 -> import: within bf16 rounding (relative error <= 2^-8)", rc == 0 and rel <= 2.0**-8,
+          f"worst {rel:.2e}, bound {2.0**-8:.2e}")
+    rc, _, _ = ref_cli(["export", p("v5.ckpt"), "--out", p("again.v5.bin"), "--format", "llmc", "--dtype", "bf16"])
+    rc2, _, _ = ref_cli(["import", p("again.v5.bin"), "--out", p("again.ckpt")])
+    check("second round trip v5 -> ours -> v5 -> ours: bit for bit",
+          rc == rc2 == 0 and read(p("again.v5.bin")) == read(p("odd.v5.bin")) and read(p("again.ckpt")) == read(p("v5.ckpt")))
+    rc, out, err = ref_cli(["generate", "-e", p("hf_odd"), "-n", "1"])
+    check("import's readers serve other subcommands (generate on a HF folder reads it)",
+          rc == 1 and "V=1237" in err, err.strip()[:80])
+
+    print("broken inputs: one `error:` line, exit code 1")
+    good_st, good_bin, v3 = read(p("hf_odd", "model.safetensors")), read(p("bin", "pytorch_model.bin")), read(p("odd.v3.bin"))
+    os.makedirs(p("broken"))
+    b = lambda name, data: write(p("broken", name), data)  # noqa: E731
+    expect_error("missing file", ["import", p("nope.bin"), "--out", p("x.ckpt")], "nope.bin")
+    expect_error("garbage bytes", ["import", b("garbage.bin", os.urandom(3000)), "--out", p("x.ckpt")], "not a model file")
+    expect_error("empty file", ["import", b("empty.bin", b""), "--out", p("x.ckpt")], "not a model file")
+    expect_error("folder without model files", ["import", p("broken"), "--out", p("x.ckpt")], "model.safetensors")
+    expect_error("llm.c v3 truncated", ["import", b("trunc.v3.bin", v3[:-4]), "--out", p("x.ckpt")], "truncated")
+    expect_error("llm.c header only", ["import", b("hdr.v3.bin", v3[:1024]), "--out", p("x.ckpt")], "bytes")
+    v7 = bytearray(v3)
+    v7[4:8] = np.int32(7).tobytes()
+    expect_error("llm.c version 7 (quantized)", ["import", b("v7.bin", bytes(v7)), "--out", p("x.ckpt")], "version 7")
+    nh = bytearray(v3)
+    nh[20:24] = np.int32(5).tobytes()  # NH=5 does not divide C=39
+    expect_error("llm.c header with NH not dividing C", ["import", b("nh5.bin", bytes(nh)), "--out", p("x.ckpt")],
+                 "invalid model config")
+    os.makedirs(p("broken", "st"))
+    write(p("broken", "st", "config.json"), read(p("hf_odd", "config.json")))
+    expect_error("model.safetensors truncated",
+                 ["import", write(p("broken", "st", "model.safetensors"), good_st[:-100]), "--out", p("x.ckpt")], "safetensors")
+    expect_error("pytorch_model.bin truncated",
+                 ["import", b("pytorch_model.bin", good_bin[: len(good_bin) // 2]), "--out", p("x.ckpt")], "state dict")
+    torch.save([torch.zeros(3)], p("broken", "list.bin"))
+    expect_error("a pickled list, not a state dict", ["import", p("broken", "list.bin"), "--out", p("x.ckpt")], "list")
+
+    def variant(name, edit, config=None):
+        os.makedirs(p("broken", name))
+        sd = hf_state_dict(odd)
+        edit(sd)
+        save_file(sd, p("broken", name, "model.safetensors"), metadata={"format": "pt"})
+        cfg = json.load(open(p("hf_odd", "config.json")))
+        cfg.update(config or {})
+        write(p("broken", name, "config.json"), json.dumps(cfg).encode())
+        return p("broken", name)
+
+    expect_error("a tensor missing", ["import", variant("missing", lambda sd: sd.pop("transformer.h.1.mlp.c_fc.bias")),
+                                      "--out", p("x.ckpt")], "h.1.mlp.c_fc.bias")
+    expect_error("a tensor of the wrong shape (not transposed)",
+                 ["import", variant("shape", lambda sd: sd.update({"transformer.h.0.attn.c_attn.weight":
+                                                                   sd["transformer.h.0.attn.c_attn.weight"].t().contiguous()})),
+                  "--out", p("x.ckpt")], "shape")
+    expect_error("config.json says 3 layers, the file has 2",
+                 ["import", variant("layers3", lambda sd: None, {"n_layer": 3}), "--out", p("x.ckpt")], "h.2")
+    expect_error("config.json says 1 layer, the file has 2",
+                 ["import", variant("layers1", lambda sd: None, {"n_layer": 1}), "--out", p("x.ckpt")], "n_layer=1")
+    expect_error("config.json with another activation",
+                 ["import", variant("relu", lambda sd: None, {"activation_function": "relu"}), "--out", p("x.ckpt")], "relu")
+    untied = lambda sd: sd.update({"lm_head.weight": sd["transformer.wte.weight"] + 1})  # noqa: E731
+    expect_error("an untied lm_head.weight", ["import", variant("untied", untied), "--out", p("x.ckpt")], "lm_head")
+    d = variant("badjson", lambda sd: None)
+    write(os.path.join(d, "config.json"), b"{not json")
+    expect_error("config.json not JSON", ["import", d, "--out", p("x.ckpt")], "config.json")
+    expect_error("export of a truncated checkpoint", ["export", b("t.ckpt", read(odd)[:-8]), "--out", p("y")], "bytes")
+    expect_error("export --format zip", ["export", odd, "--out", p("y"), "--format", "zip"], "--format")
+    check("no failed run left a checkpoint behind", not os.path.exists(p("x.ckpt")))
+    rc, out, err = ref_process(["import", p("broken", "garbage.bin"), "--out", p("x.ckpt")])
+    ok, line = one_line_error(rc, err, "not a model file")
+    check("the same as its own process: exit code 1, one line, no traceback", ok and "Traceback" not in err, line)
+    rc, out, err = ref_process(["import", "-h"])
+    check("import -h and export -h print usage", rc == 0 and out.startswith("usage:") and
+          ref_process(["export", "-h"])[1].startswith("usage:"))
+    holder.cleanup()
+    finish()
+
+
+if __name__ == "__main__":
+    main()

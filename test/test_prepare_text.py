@@ -1,0 +1,312 @@
+"""Your own text -> token files (data/prepare_text.py), and Tiny Shakespeare's outputs unchanged.
+
+CPU only, a few seconds. Builds a small corpus that is not Shakespeare (several files and a folder,
+accents, CJK, emoji, CRLF line ends, a byte-order mark, a literal "<|endoftext|>"), prepares it in each
+document mode with tiny shards, and decodes the shards back with tiktoken's own GPT-2 loader (an
+encoding built independently of data/gpt2_bpe.py): every document must come back as EOT followed by
+exactly the tokens of its text. Then: streaming (tiny read blocks and pieces) gives the tokens of the
+whole text, Tiny Shakespeare's files are byte-identical to the recipe's, stale shards go, and bad
+inputs fail with one `error:` line and exit code 1. Ends with `N passed, N failed, N skipped`.
+"""
+
+import hashlib
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import redirect_stdout
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.chdir(ROOT)
+sys.dont_write_bytecode = True
+SCRIPT = os.path.join("data", "prepare_text.py")
+TOOL = os.path.join("build", "test", "token_file_tool")
+MIRROR = os.path.abspath(os.environ.get("GPT_MIRROR") or os.path.join("..", "shared", "mirror"))
+EOT = 50256
+
+# The outputs of data/prepare_tinyshakespeare.py as the recipe stood before data/gpt2_bpe.py was split
+# out of it (computed from that unmodified script on the mirror's files): any change to them is a
+# change of the recipe.
+TINY_SHAKESPEARE_SHA256 = {
+    "tiny_shakespeare_val.bin": "fe99db720dc7c83e694806d4e047a952909411da1daccde4ccc2e55f40882a62",
+    "tiny_shakespeare_train.bin": "8a70606be574040c26d225694f5f9759973b419852d22f7fe5c118e1b359dcc8",
+    "gpt2_tokenizer.bin": "6f3abc21e444e4e8300e225f4e03da48ea121cf17e30f67009b8dad7a66c2f13",
+}
+
+counts = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def check(name, ok, detail=""):
+    counts["passed" if ok else "failed"] += 1
+    print(f"  {name:<66} {'ok' if ok else 'FAIL'}{'  ' + detail if detail else ''}")
+    return ok
+
+
+def skip(name, why):
+    counts["skipped"] += 1
+    print(f"  {name:<66} skipped ({why})")
+
+
+def finish():
+    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    sys.exit(1 if counts["failed"] else 0)
+
+
+def run(args, mirror=MIRROR):
+    env = dict(os.environ, GPT_MIRROR=mirror)
+    return subprocess.run([sys.executable, SCRIPT] + args, capture_output=True, text=True, env=env)
+
+
+def one_line_error(r, must_mention=""):
+    """Exit code 1, exactly one `error: ...` line on stderr (no traceback) naming must_mention."""
+    lines = r.stderr.strip().splitlines()
+    ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and must_mention in lines[0]
+    return ok, (lines[-1] if lines else f"no stderr, exit code {r.returncode}")
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_token_file(path):
+    """(header is valid, tokens)."""
+    data = open(path, "rb").read()
+    h = np.frombuffer(data[:1024], dtype="<i4")
+    ok = len(data) >= 1024 and h[0] == 20240520 and h[1] == 1 and len(data) == 1024 + 2 * int(h[2])
+    return ok, np.frombuffer(data[1024:], dtype="<u2")
+
+
+def outputs(out, name):
+    """(val file or None, train shards in order) as the glob NAME_train_*.bin sees them."""
+    files = sorted(os.listdir(out))
+    val = [f for f in files if f.startswith(f"{name}_val_")]
+    train = [os.path.join(out, f) for f in files if f.startswith(f"{name}_train_") and f.endswith(".bin")]
+    return (os.path.join(out, val[0]) if val else None), train
+
+
+def split_docs(tokens):
+    """Documents of a token stream: each starts at an EOT."""
+    starts = list(np.flatnonzero(tokens == EOT)) + [len(tokens)]
+    return [tokens[a + 1:b] for a, b in zip(starts[:-1], starts[1:])], starts[0] == 0
+
+
+def write(path, text=None, data=None):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data if data is not None else text.encode("utf-8"))
+    return path
+
+
+def main():
+    if not os.path.isfile(os.path.join(MIRROR, "gpt2", "encoder.json")):
+        check(f"mirror present at {MIRROR}", False, "set GPT_MIRROR to the folder of public inputs")
+        finish()
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""  # tiktoken only reads the local paths below
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+    ranks = data_gym_to_mergeable_bpe_ranks(os.path.join(MIRROR, "gpt2", "vocab.bpe"),
+                                            os.path.join(MIRROR, "gpt2", "encoder.json"))
+    ref = tiktoken.Encoding(name="gpt2-ref", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=50257)
+
+    holder = tempfile.TemporaryDirectory(prefix="test_prepare_text.")
+    tmp = holder.name
+    corpus = os.path.join(tmp, "corpus")
+    texts = {  # path -> text; the folder's files in sorted order, skip.md is not *.txt
+        "a.txt": "Première ligne, café.\nDeuxième — ligne 😀\n\nNouvelle section: 日本語のテキスト。\n\n\n"
+                 "A literal <|endoftext|> stays text.\n",
+        "folder/b.txt": "Zweiter Text über Größe.\r\nMit CRLF.\r\n\r\nΚαλημέρα κόσμε\n",
+        "folder/sub/c.txt": "last one\n\nno final newline",
+        "folder/sub/d.txt": "\ufeffstarts with a byte-order mark\none\ntwo\n",
+        "folder/skip.md": "not a .txt file\n",
+    }
+    for rel, text in texts.items():
+        write(os.path.join(corpus, rel), text)
+    order = ["a.txt", "folder/b.txt", "folder/sub/c.txt", "folder/sub/d.txt"]
+    file_texts = [texts[f].lstrip("\ufeff") for f in order]  # the mark is dropped
+    inputs = [os.path.join(corpus, "a.txt"), os.path.join(corpus, "folder")]
+
+    def expected_docs(mode):
+        docs = []
+        for text in file_texts:
+            if mode == "file":
+                parts = [text]
+            elif mode in ("blankline", "line"):
+                sep = "\n\n" if mode == "blankline" else "\n"
+                pieces = text.split(sep)
+                parts = [p + sep for p in pieces[:-1]] + [pieces[-1]]
+            else:
+                parts = text.split(mode)
+            docs += [p for p in parts if p]
+        return docs
+
+    def prepare_and_compare(mode, extra, what, val_tokens=None, val_fraction=None):
+        out = os.path.join(tmp, "out_" + what.replace(" ", "_"))
+        args = inputs + ["--name", "mix", "--out-dir", out, "--shard-tokens", "13",
+                         "--tokenizer-out", os.path.join(tmp, "tok.bin")] + extra
+        r = run(args)
+        last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip()
+        if not check(f"{what}: runs", r.returncode == 0, last):
+            return
+        val_path, shards = outputs(out, "mix")
+        headers = [read_token_file(p) for p in ([val_path] if val_path else []) + shards]
+        check(f"{what}: every file has a valid llm.c header", all(ok for ok, _ in headers), f"{len(headers)} files")
+        stream = np.concatenate([t for _, t in headers])
+        val = read_token_file(val_path)[1] if val_path else np.zeros(0, np.uint16)
+        want_val = val_tokens if val_tokens is not None else max(1, round(val_fraction * len(stream)))
+        check(f"{what}: validation holds the first {want_val} tokens", len(val) == want_val, f"{len(val)}")
+        sizes = [len(read_token_file(p)[1]) for p in shards]
+        want_shards = -(-(len(stream) - want_val) // 13)
+        check(f"{what}: {want_shards} training shards of 13 tokens (the last the rest)",
+              len(shards) == want_shards and all(s == 13 for s in sizes[:-1]) and 0 < sizes[-1] <= 13,
+              f"{sizes}")
+        names_ok = [os.path.basename(p) for p in shards] == [f"mix_train_{i:06d}.bin" for i in range(1, len(shards) + 1)]
+        check(f"{what}: names mix_val_000000.bin, mix_train_000001.bin, ...",
+              names_ok and os.path.basename(val_path or "mix_val_000000.bin") == "mix_val_000000.bin")
+        docs, starts_with_eot = split_docs(stream)
+        want = expected_docs(mode)
+        same_tokens = starts_with_eot and len(docs) == len(want) and all(
+            list(d) == ref.encode_ordinary(w) for d, w in zip(docs, want))
+        check(f"{what}: {len(want)} documents, each EOT + its text's tokens", same_tokens,
+              f"{len(docs)} documents decoded")
+        decoded = [ref.decode_bytes([int(t) for t in d]).decode("utf-8", "replace") for d in docs]
+        check(f"{what}: decoded documents == the input's", decoded == want)
+        if mode == "file":  # train_gpt's reader (fileio.h) on the same files, where it is built
+            if not os.access(TOOL, os.X_OK):
+                skip(f"{what}: fileio.h's read_token_file accepts every file", f"{TOOL} not built")
+            else:
+                seen = [subprocess.run([TOOL, "read-tokens", f, "50257"], capture_output=True, text=True).stdout.strip()
+                        for f in [val_path] + shards]
+                expect = [f"tokens {len(t)} first {t[0]} last {t[-1]}" for _, t in headers]
+                check(f"{what}: fileio.h's read_token_file accepts every file", seen == expect, f"{len(seen)} files")
+        return stream
+
+    print("documents: one per file (default)")
+    stream = prepare_and_compare("file", ["--val-tokens", "7"], "file mode", val_tokens=7)
+    if stream is not None:
+        check("file mode: the literal <|endoftext|> is text (EOT only at the 4 starts)",
+              int(np.sum(stream == EOT)) == 4, f"{int(np.sum(stream == EOT))} EOTs")
+        check("file mode: skip.md left out (--glob *.txt)", b"not a .txt" not in ref.decode_bytes(
+            [int(t) for t in stream if t != EOT]))
+    print("documents: blank-line separated sections")
+    prepare_and_compare("blankline", ["--split-docs", "blankline", "--val-fraction", "0.1"], "blankline mode",
+                        val_fraction=0.1)
+    print("documents: lines")
+    prepare_and_compare("line", ["--split-docs", "line"], "line mode", val_fraction=0.05)  # the default fraction
+    print("documents: a separator string")
+    prepare_and_compare("<|endoftext|>", ["--doc-separator", "<|endoftext|>", "--val-tokens", "3"],
+                        "separator mode", val_tokens=3)
+    print("other file names")
+    out = os.path.join(tmp, "glob_md")
+    r = run([os.path.join(corpus, "folder"), "--glob", "*.md", "--out-dir", out, "--val-tokens", "1",
+             "--tokenizer-out", os.path.join(tmp, "tok.bin")])
+    _, shards = outputs(out, "folder")
+    got = ref.decode_bytes([int(t) for t in np.concatenate([read_token_file(p)[1] for p in shards])]) if shards else b""
+    check("--glob '*.md' takes skip.md only; NAME defaults to the folder's name",
+          r.returncode == 0 and len(shards) == 1 and got.endswith(b".txt file\n"), r.stderr.strip()[:60])
+
+    print("streaming")
+    # In-process with tiny blocks: reads of 5 bytes cut characters of 2-4 bytes, pieces of 40
+    # characters cut the text at safe places; the tokens must equal those of the whole text at once.
+    spec = importlib.util.spec_from_file_location("prepare_text", SCRIPT)
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    with open(os.path.join(MIRROR, "tinyshakespeare.txt"), encoding="utf-8") as f:
+        shakespeare = f.read()[:60000]
+    long_text = shakespeare + "".join(file_texts) * 40 + "x" * 300 + " " + "y" * 300  # a long run without cuts
+    big = write(os.path.join(tmp, "big", "long.txt"), long_text)
+    os.environ["GPT_MIRROR"] = MIRROR
+    prep.READ_BYTES, prep.PIECE_CHARS, prep.BATCH_CHARS = 5, 40, 100
+    cuts = []
+    safe_cut = prep.safe_cut
+    prep.safe_cut = lambda text: cuts.append(safe_cut(text)) or cuts[-1]
+    out = os.path.join(tmp, "stream")
+    with redirect_stdout(io.StringIO()):
+        prep.main([big, "--out-dir", out, "--val-tokens", "100", "--shard-tokens", "5000",
+                   "--tokenizer-out", os.path.join(tmp, "tok.bin")])
+    val_path, shards = outputs(out, "long")
+    stream = np.concatenate([read_token_file(p)[1] for p in [val_path] + shards])
+    want = [EOT] + ref.encode_ordinary(long_text)
+    check("tiny reads and pieces: tokens == the whole text encoded at once",
+          stream.tolist() == want, f"{len(stream):,} tokens, {sum(1 for c in cuts if c):,} pieces cut")
+
+    print("Tiny Shakespeare")
+    ts_out = os.path.join(tmp, "ts")
+    r = subprocess.run([sys.executable, os.path.join("data", "prepare_tinyshakespeare.py"), "--out-dir", ts_out,
+                        "--tokenizer-out", os.path.join(ts_out, "gpt2_tokenizer.bin")],
+                       capture_output=True, text=True, env=dict(os.environ, GPT_MIRROR=MIRROR))
+    check("prepare_tinyshakespeare.py runs", r.returncode == 0, r.stderr.strip()[-80:])
+    for name, want in TINY_SHAKESPEARE_SHA256.items():
+        path = os.path.join(ts_out, name)
+        got = sha256_file(path) if os.path.exists(path) else "missing"
+        check(f"{name}: sha256 == the recipe's", got == want, got[:16])
+    got = sha256_file(os.path.join(tmp, "tok.bin"))
+    check("prepare_text.py's tokenizer file == the recipe's", got == TINY_SHAKESPEARE_SHA256["gpt2_tokenizer.bin"],
+          got[:16])
+    out = os.path.join(tmp, "ts_text")
+    r = run([os.path.join(MIRROR, "tinyshakespeare.txt"), "--split-docs", "blankline", "--val-tokens", "32768",
+             "--shard-tokens", "100000", "--out-dir", out, "--tokenizer-out", os.path.join(tmp, "tok.bin")])
+    val_path, shards = outputs(out, "tinyshakespeare")
+    ok = r.returncode == 0 and val_path is not None and len(shards) == 4
+    check("prepare_text.py --split-docs blankline --val-tokens 32768: 4 shards", ok, r.stderr.strip()[-80:])
+    if ok:
+        check("  its val file == tiny_shakespeare_val.bin", sha256_file(val_path) == TINY_SHAKESPEARE_SHA256[
+            "tiny_shakespeare_val.bin"])
+        train = np.concatenate([read_token_file(p)[1] for p in shards])
+        as_one = np.zeros(256, "<i4")
+        as_one[:3] = 20240520, 1, len(train)
+        got = hashlib.sha256(as_one.tobytes() + train.tobytes()).hexdigest()
+        check("  its train shards, concatenated == tiny_shakespeare_train.bin",
+              got == TINY_SHAKESPEARE_SHA256["tiny_shakespeare_train.bin"], f"{len(train):,} tokens")
+
+    print("a second run with fewer shards")
+    r = run([os.path.join(MIRROR, "tinyshakespeare.txt"), "--split-docs", "blankline", "--val-tokens", "0",
+             "--shard-tokens", "200000", "--out-dir", out, "--tokenizer-out", os.path.join(tmp, "tok.bin")])
+    val_path, shards = outputs(out, "tinyshakespeare")
+    left = sorted(os.listdir(out))
+    check("old shards 3-4 and the val file removed; no temporary file left",
+          r.returncode == 0 and val_path is None and left == ["tinyshakespeare_train_000001.bin",
+                                                               "tinyshakespeare_train_000002.bin"], f"{left}")
+
+    print("bad inputs: one `error:` line, exit code 1")
+    bad = write(os.path.join(tmp, "bad", "latin1.txt"), data="first line\nzweite Zeile: Gr\xf6\xdfe\n".encode("latin-1"))
+    empty = write(os.path.join(tmp, "bad", "empty.txt"), data=b"")
+    tiny = write(os.path.join(tmp, "bad", "tiny.txt"), "hello world, hello")
+    no_out = os.path.join(tmp, "never")
+    base = ["--out-dir", no_out, "--tokenizer-out", os.path.join(no_out, "tok.bin")]
+    cases = [
+        ("missing input", [os.path.join(tmp, "nope.txt")] + base, "not found"),
+        ("not UTF-8: says where (byte offset and line)", [bad] + base, "offset 27 (line 2)"),
+        ("empty input", [empty] + base, "no text"),
+        ("folder without matching files", [os.path.join(tmp, "bad"), "--glob", "*.rst"] + base, "--glob"),
+        ("validation split leaves no training tokens", [tiny, "--val-tokens", "4"] + base, "training tokens"),
+        ("--val-fraction 1.5", [tiny, "--val-fraction", "1.5"] + base, "--val-fraction"),
+        ("--val-fraction with --val-tokens", [tiny, "--val-fraction", "0.1", "--val-tokens", "1"] + base, "not allowed"),
+        ("--shard-tokens 0", [tiny, "--shard-tokens", "0"] + base, "--shard-tokens"),
+        ("--shard-tokens x", [tiny, "--shard-tokens", "x"] + base, "--shard-tokens"),
+        ("--split-docs words", [tiny, "--split-docs", "words"] + base, "--split-docs"),
+        ("empty --doc-separator", [tiny, "--doc-separator", ""] + base, "--doc-separator"),
+        ("unknown flag", [tiny, "--bogus"] + base, "--bogus"),
+        ("no input", base, "INPUT"),
+    ]
+    for what, args, mention in cases:
+        ok, line = one_line_error(run(args), mention)
+        check(what, ok, line)
+    ok, line = one_line_error(run([tiny] + base, mirror=os.path.join(tmp, "no_mirror")), "GPT_MIRROR")
+    check("no GPT-2 BPE files: names GPT_MIRROR", ok, line)
+    check("failed runs wrote nothing (no output folder)", not os.path.exists(no_out))
+    r = run(["-h"])
+    check("-h: usage, exit code 0", r.returncode == 0 and r.stdout.startswith("usage:"))
+
+    holder.cleanup()
+    finish()
+
+
+if __name__ == "__main__":
+    main()
