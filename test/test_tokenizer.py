@@ -36,11 +36,10 @@ def main():
         check(f"{TOOL} built", False, "run `make build/test/token_file_tool`")
         finish()
     try:
-        files = gpt2_bpe.read_inputs(["gpt2/encoder.json", "gpt2/vocab.bpe"])
+        enc = gpt2_bpe.local_encoding()
     except gpt2_bpe.PrepError as e:
         check("GPT-2 tokenizer files in the mirror", False, str(e))
         finish()
-    enc = gpt2_bpe.gpt2_encoding(files["gpt2/encoder.json"], files["gpt2/vocab.bpe"])
     tmp = tempfile.mkdtemp()
     tokenizer = os.path.join(tmp, "gpt2_tokenizer.bin")
     gpt2_bpe.write_tokenizer(enc, tokenizer)
