@@ -492,10 +492,16 @@ inline void dist_close(Dist& d) {
         d.stopping.store(true);
         const uint32_t word = kDistDone;
         send_all(d.peers[0], &word, sizeof(word));
-    } else {
+    } else if (d.watchdog.joinable()) {  // the watchdog counts the DONE words
         const double until = dist_now() + 60;
         while (d.done_count.load() < d.world - 1 && dist_now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         d.stopping.store(true);
+    } else {  // no watchdog: read them here
+        for (int r = 1; r < d.world; r++) {
+            pollfd p{d.peers[r], POLLIN, 0};
+            uint32_t word = 0;
+            if (poll(&p, 1, 60000) > 0) recv_all(d.peers[r], &word, sizeof(word));
+        }
     }
     if (d.watchdog.joinable()) d.watchdog.join();
     for (int fd : d.peers)

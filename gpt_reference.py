@@ -13,7 +13,7 @@ Subcommands (each has -h):
             L=2,NH=3,C=39,V=1237,maxT=50); `init --from-hf SOURCE` is `import SOURCE`
   state     write a reference-state file for a checkpoint (random tokens from a seed, or a window of a
             token file), computed in fp32 with TF32 off, on the CPU or a GPU
-  loss      load a checkpoint (ours, e.g. written by train_gpt) and print its loss on one batch
+  loss      load checkpoints (ours, e.g. written by train_gpt) and print their losses on one batch
   import    our checkpoint from GPT-2 weights on disk: Hugging Face files (model.safetensors or
             pytorch_model.bin, or their folder, config.json read when beside them; 124M to 1.5B) or
             an llm.c model file (versions 3 = fp32 and 5 = bf16)
@@ -722,11 +722,12 @@ def cmd_state(args):
 
 def cmd_loss(args):
     device = pick_device(args.device)
-    model = read_checkpoint(args.checkpoint, device)
-    x, y = make_batch(model.cfg, args.batch, args.seq, args.seed, args.tokens, args.offset, device)
-    with torch.no_grad():
-        _, loss = model(x, y)
-    print(f"loss {loss.item():.6f}")
+    for path in args.checkpoint:  # one process for many checkpoints: PyTorch starts once
+        model = read_checkpoint(path, device)
+        x, y = make_batch(model.cfg, args.batch, args.seq, args.seed, args.tokens, args.offset, device)
+        with torch.no_grad():
+            _, loss = model(x, y)
+        print(f"loss {loss.item():.6f}")
 
 
 
@@ -1035,8 +1036,11 @@ def main(argv=None):
     init.add_argument("--from-hf", metavar="SOURCE", help="same as `import SOURCE` (any file import reads)")
     init.add_argument("--out", required=True, help="checkpoint to write")
 
-    def batch_args(q):
-        q.add_argument("--checkpoint", required=True, help="checkpoint to load")
+    def batch_args(q, many=False):
+        if many:
+            q.add_argument("--checkpoint", required=True, nargs="+", help="checkpoints to score, each on the same batch")
+        else:
+            q.add_argument("--checkpoint", required=True, help="checkpoint to load")
         q.add_argument("--batch", "-B", type=int, default=4, help="batch size B (default 4)")
         q.add_argument("--seq", "-T", type=int, default=64, help="sequence length T (default 64)")
         q.add_argument("--seed", type=int, default=42, help="seed of the random batch (default 42)")
@@ -1055,8 +1059,8 @@ def main(argv=None):
     state.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (default 1.0)")
     state.add_argument("--out", required=True, help="reference-state file to write")
 
-    loss = sub.add_parser("loss", help="print a checkpoint's loss on one batch")
-    batch_args(loss)
+    loss = sub.add_parser("loss", help="print checkpoints' losses on one batch, a line `loss X` each, in order")
+    batch_args(loss, many=True)
 
     imp = sub.add_parser("import", help="our checkpoint from Hugging Face GPT-2 files or an llm.c model file")
     imp.add_argument("source", metavar="SOURCE",

@@ -32,13 +32,15 @@ struct Reference {
     float loss = 0;
 };
 
+// The header is checked against the file's size before anything else is read (the file of d12 at
+// T=1024 holds 1.3 GB of logits).
 static Reference read_reference(const std::string& path) {
-    std::vector<uint8_t> bytes;
+    InputFile file;
     std::string error;
-    if (!read_whole_file(path, bytes, &error)) fail("%s", error.c_str());
+    if (!file.open_file(path, &error)) fail("%s", error.c_str());
     int32_t h[HEADER_INTS];
-    if (bytes.size() < sizeof(h)) fail("reference '%s' is truncated", path.c_str());
-    memcpy(h, bytes.data(), sizeof(h));
+    if (file.size < sizeof(h)) fail("reference '%s' is truncated", path.c_str());
+    if (!file.read_at(0, h, sizeof(h), &error)) fail("%s", error.c_str());
     if (h[0] != REFERENCE_MAGIC) fail("'%s' is not a reference-state file (bad magic %d)", path.c_str(), h[0]);
     if (h[1] != REFERENCE_VERSION) fail("reference '%s' has version %d, expected %d", path.c_str(), h[1], REFERENCE_VERSION);
     Reference r;
@@ -50,22 +52,22 @@ static Reference read_reference(const std::string& path) {
     memcpy(f, h + 16, sizeof(f));
     r.lr = f[0], r.beta1 = f[1], r.beta2 = f[2], r.eps = f[3], r.weight_decay = f[4], r.clip = f[5];
     const size_t BT = size_t(r.B) * r.T, np = num_parameters(r.config);
-    const size_t expected = sizeof(h) + 2 * BT * 4 + BT * r.config.V * 4 + 4 + np * 4 + size_t(r.K) * 4;
-    if (bytes.size() != expected)
-        fail("reference '%s' has %zu bytes, expected %zu for its header", path.c_str(), bytes.size(), expected);
-    const uint8_t* p = bytes.data() + sizeof(h);
-    auto take = [&](auto& vec, size_t n) {
-        vec.resize(n);
-        memcpy(vec.data(), p, n * 4);
-        p += n * 4;
+    const uint64_t expected = sizeof(h) + 2 * BT * 4 + BT * uint64_t(r.config.V) * 4 + 4 + np * 4 + size_t(r.K) * 4;
+    if (file.size != expected)
+        fail("reference '%s' has %llu bytes, expected %llu for its header", path.c_str(), (unsigned long long)file.size,
+             (unsigned long long)expected);
+    uint64_t at = sizeof(h);
+    auto take = [&](auto* dst, size_t n) {
+        if (!file.read_at(at, dst, n * 4, &error)) fail("%s", error.c_str());
+        at += n * 4;
     };
-    take(r.inputs, BT);
-    take(r.targets, BT);
-    take(r.logits, BT * r.config.V);
-    memcpy(&r.loss, p, 4);
-    p += 4;
-    take(r.grads, np);
-    take(r.losses, r.K);
+    r.inputs.resize(BT), r.targets.resize(BT), r.logits.resize(BT * r.config.V), r.grads.resize(np), r.losses.resize(r.K);
+    take(r.inputs.data(), BT);
+    take(r.targets.data(), BT);
+    take(r.logits.data(), BT * r.config.V);
+    take(&r.loss, 1);
+    take(r.grads.data(), np);
+    take(r.losses.data(), r.K);
     for (size_t i = 0; i < BT; i++)
         if (r.inputs[i] < 0 || r.inputs[i] >= r.config.V || r.targets[i] < 0 || r.targets[i] >= r.config.V)
             fail("reference '%s' holds a token id outside [0, %d)", path.c_str(), r.config.V);

@@ -1925,7 +1925,19 @@ int main(int argc, char** argv) {
 #endif
         return stop > 0;
     };
+    // The training loop reads the next step's first batch while the GPU runs a step (staged); a stop
+    // between steps puts the loader back to where that read began, so the checkpoint's data position
+    // is the step's.
+    int staged = -1;  // the slot of the next training batch, staged while the GPU ran the step before
+    struct { uint64_t epoch, cursor; int micro; } before_stage{0, 0, 0};
+    int micro_of_step = 0;  // (next_batch, below)
+    auto unstage = [&] {
+        if (staged < 0) return;
+        train.seek(before_stage.epoch, before_stage.cursor);
+        micro_of_step = before_stage.micro, staged = -1;
+    };
     auto stop_now = [&](int step) {
+        unstage();
         if (!o.out_dir.empty() && last_checkpoint != step) checkpoint(step);
         if (lead)
             printf("stopped at step %d by a signal%s\n", step,
@@ -1941,7 +1953,6 @@ int main(int argc, char** argv) {
     // Each rank's share of a step: of the accum * world windows the step takes from the data, rank r
     // trains on the r-th run of `accum`, so one GPU accumulating accum * world micro-batches and
     // world GPUs see the same tokens in the same order.
-    int micro_of_step = 0;
     auto next_batch = [&] {
         if (micro_of_step == 0)
             for (int k = 0; k < dist.rank * accum; k++) train.advance();
@@ -1957,7 +1968,6 @@ int main(int argc, char** argv) {
     auto validates = [&](int step) { return o.val_every > 0 && step % o.val_every == 0; };
     auto samples = [&](int step) { return o.sample_every > 0 && step > 0 && step % o.sample_every == 0; };
     auto checkpoints = [&](int step) { return !o.out_dir.empty() && o.checkpoint_every > 0 && step % o.checkpoint_every == 0; };
-    int staged = -1;         // the slot of the next training batch, staged while the GPU ran the step before
     double last_end = NAN;   // when the previous step's synchronisation returned
     for (int step = start_step; step < o.max_steps; step++) {
         if (stop_requested()) stop_now(step);
@@ -1992,6 +2002,7 @@ int main(int argc, char** argv) {
             const bool last = micro + 1 == accum;
             gpt_backward(m, o.B, o.T, last && dist.multi());
             if (!last || (step + 1 < o.max_steps && !checkpoints(step + 1) && !validates(step + 1) && !samples(step + 1))) {
+                if (last) before_stage = {train.epoch, train.cursor, micro_of_step};
                 next_batch();
                 staged = gpt_stage_batch(m, inputs.data(), targets.data(), o.B, o.T);
             }

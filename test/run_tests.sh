@@ -6,26 +6,56 @@
 #   - every program of `make list-programs` must exist (the build itself is a test)
 #   - test/test_*.py (with $PYTHON), test/test_*.sh (with bash), build/test/test_* (unit programs)
 #   - every dev/cuda lab program with --check (validates every version; skips without a GPU)
+# Tests run TEST_JOBS at a time (default: the number of cores, at most 4); each one's output is
+# printed whole when it ends. None of them measures time, and each uses its own temporary folder, so
+# running them side by side (on one GPU too) changes no result. TEST_JOBS=1 runs them one by one.
 # A test that exits non-zero without counting a failure, or prints no count line, counts one failure.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHON
-total_passed=0 total_failed=0 total_skipped=0
-failed_names=()
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+cores=$(nproc 2>/dev/null || echo 1)
+jobs_max=${TEST_JOBS:-$((cores < 4 ? cores : 4))}
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 
 count_line_re='^([A-Za-z]+: )?([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$'
 
-run_test() {
-    local name=$1
-    shift
+check_built() {
+    local p=0 f=0
+    for prog in $(MAKEFLAGS= make -s list-programs); do
+        if [[ -x "$prog" ]]; then echo "  compiled: $prog"; p=$((p + 1))
+        else echo "  NOT BUILT: $prog"; f=$((f + 1)); fi
+    done
+    echo "$p passed, $f failed, 0 skipped"
+    [[ $f -eq 0 ]]
+}
+
+# The tests, longest first where known (they start first when several run at once).
+names=() cmds=()
+add() { names+=("$1"); shift; cmds+=("$(printf '%q ' "$@")"); }
+add "every CUDA program compiles" check_built
+for t in test/test_gpt.sh test/test_resume.sh test/test_reference_training.sh test/test_train_cli.sh; do
+    [[ -e $t ]] && add "$t" bash "$t"
+done
+for t in test/test_*.sh; do
+    [[ -e $t && " ${names[*]} " != *" $t "* ]] && add "$t" bash "$t"
+done
+for t in test/test_*.py; do [[ -e "$t" ]] && add "$t" "$PYTHON" "$t"; done
+for t in build/test/test_*; do [[ -x "$t" ]] && add "$t" "$t"; done
+for t in $(MAKEFLAGS= make -s list-programs); do
+    [[ "$t" == dev/cuda/* ]] && add "$t --check" "./$t" --check
+done
+
+total_passed=0 total_failed=0 total_skipped=0
+failed_names=()
+finish_one() {  # index: print the test's output and add up its count line
+    local i=$1 name=${names[$1]} log=$logs/$1.log
+    local rc secs
+    read -r rc secs <"$logs/$i.status"
     echo "=== $name"
-    local started=$SECONDS
-    "$@" 2>&1 | tee "$log"
-    local rc=${PIPESTATUS[0]}
-    echo "--- $name: $((SECONDS - started)) s"
+    cat "$log"
+    echo "--- $name: $secs s"
     local line
     line=$(grep -E "$count_line_re" "$log" | tail -n 1)
     if [[ -z "$line" ]]; then
@@ -43,25 +73,29 @@ run_test() {
     [[ $f -gt 0 ]] && failed_names+=("$name")
 }
 
-check_built() {
-    local p=0 f=0
-    for prog in $(MAKEFLAGS= make -s list-programs); do
-        if [[ -x "$prog" ]]; then echo "  compiled: $prog"; p=$((p + 1))
-        else echo "  NOT BUILT: $prog"; f=$((f + 1)); fi
+declare -A running=()  # pid -> index
+started_all=$SECONDS
+for i in "${!names[@]}"; do
+    while ((${#running[@]} >= jobs_max)); do
+        done_pid=""
+        wait -n -p done_pid
+        [[ -n $done_pid && -n ${running[$done_pid]:-} ]] && { finish_one "${running[$done_pid]}"; unset "running[$done_pid]"; }
     done
-    echo "$p passed, $f failed, 0 skipped"
-    [[ $f -eq 0 ]]
-}
-
-run_test "every CUDA program compiles" check_built
-for t in test/test_*.py; do [[ -e "$t" ]] && run_test "$t" "$PYTHON" "$t"; done
-for t in test/test_*.sh; do [[ -e "$t" ]] && run_test "$t" bash "$t"; done
-for t in build/test/test_*; do [[ -x "$t" ]] && run_test "$t" "$t"; done
-for t in $(MAKEFLAGS= make -s list-programs); do
-    [[ "$t" == dev/cuda/* ]] && run_test "$t --check" "./$t" --check
+    (
+        t=$SECONDS
+        eval "${cmds[i]}" >"$logs/$i.log" 2>&1 </dev/null
+        echo "$? $((SECONDS - t))" >"$logs/$i.status"
+    ) &
+    running[$!]=$i
+done
+while ((${#running[@]} > 0)); do
+    done_pid=""
+    wait -n -p done_pid
+    [[ -n $done_pid && -n ${running[$done_pid]:-} ]] && { finish_one "${running[$done_pid]}"; unset "running[$done_pid]"; }
 done
 
 echo
+echo "all tests: $((SECONDS - started_all)) s, $jobs_max at a time"
 if [[ ${#failed_names[@]} -gt 0 ]]; then echo "failed: ${failed_names[*]}"; fi
 echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
 [[ $total_failed -eq 0 ]]

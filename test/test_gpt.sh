@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # test_gpt against PyTorch at three configurations, in both precisions (needs a GPU):
-#   d12 (GPT-2 124M) at B=4 T=64 and B=4 T=1024, and a small odd model whose C (39), head size (13),
-#   vocabulary (1237) and T (37) are multiples of none of 8, 32, 128.
+#   d12 (GPT-2 124M) at B=4 T=64; a 2-layer model with GPT-2's head size (64) at B=2 T=1024 (the long
+#   sequence: flash attention over 16 tiles of keys); and a small odd model whose C (39), head size
+#   (13), vocabulary (1237) and T (37) are multiples of none of 8, 32, 128.
 # For each: gpt_reference.py writes a checkpoint and a reference state (fp32, TF32 off, on the GPU
 # when PyTorch sees one), test_gpt_{fp32,bf16} compares against it, saves its model after the K steps,
-# and gpt_reference.py scores that model back on the same batch (the other direction).
+# and gpt_reference.py scores those models back on the same batch (the other direction; one PyTorch
+# process per configuration).
 # Each run takes the precision's default GELU path (fp32: -ge 0 -r 0; bf16: -ge 2 -r 0); at d12 B=4
 # T=64 extra runs take the other paths, same bounds: fp32 -ge 2 -r 1 (fused GELU, recomputed), bf16
 # -ge 0 -r 0 (separate GELU kernels) and -ge 2 -r 1. Runs with fusion also probe which GELU formula
@@ -13,7 +15,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-configs=("d12 4 64" "d12 4 1024" "L=2,NH=3,C=39,V=1237,maxT=50 3 37")
+configs=("d12 4 64" "L=2,NH=4,C=256,V=1237,maxT=1024 2 1024" "L=2,NH=3,C=39,V=1237,maxT=50 3 37")
 precisions=(fp32 bf16)
 # "" = the build's defaults; the other entries are the extra GELU-path runs, first configuration only.
 declare -A extra_runs=([fp32]="-ge 2 -r 1" [bf16]="-ge 0 -r 0;-ge 2 -r 1")
@@ -56,6 +58,7 @@ for cfg in "${configs[@]}"; do
         first=0
         continue
     fi
+    afters=() ours=() tols=() labels=()
     for prec in "${precisions[@]}"; do
         mapfile -t runs < <(runs_of "$prec" "$first")
         for flags in "${runs[@]}"; do
@@ -72,20 +75,22 @@ for cfg in "${configs[@]}"; do
             read -r p _ f _ s _ <<<"${line//,/}"
             passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
             [[ $rc -ne 0 && $f -eq 0 ]] && failed=$((failed + 1))
-            # The other direction: PyTorch scores the model test_gpt trained.
-            ours=$(sed -n 's/^loss after [0-9]* steps: //p' "$log")
-            theirs=$("$PYTHON" gpt_reference.py loss --checkpoint "$after" -B "$B" -T "$T" --seed 42 |
-                     sed -n 's/^loss //p')
-            tol=$([[ $prec == fp32 ]] && echo 1e-5 || echo 1e-2)
-            if "$PYTHON" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= $tol * abs(b) else 1)" \
-                   "${ours:-nan}" "${theirs:-nan}"; then
-                echo "  PyTorch scores our trained model: ok    ours ${ours} PyTorch ${theirs} (bound $tol relative)"
-                passed=$((passed + 1))
-            else
-                echo "  PyTorch scores our trained model: FAIL  ours ${ours:-none} PyTorch ${theirs:-none} (bound $tol relative)"
-                failed=$((failed + 1))
-            fi
+            afters+=("$after") labels+=("test_gpt_$prec${flags:+ $flags}")
+            ours+=("$(sed -n 's/^loss after [0-9]* steps: //p' "$log")")
+            tols+=("$([[ $prec == fp32 ]] && echo 1e-5 || echo 1e-2)")
         done
+    done
+    # The other direction: PyTorch scores every model test_gpt trained (one process for all of them).
+    mapfile -t theirs < <("$PYTHON" gpt_reference.py loss --checkpoint "${afters[@]}" -B "$B" -T "$T" --seed 42 | sed -n 's/^loss //p')
+    for i in "${!afters[@]}"; do
+        a=${ours[i]:-nan} b=${theirs[i]:-nan} tol=${tols[i]}
+        if awk -v a="$a" -v b="$b" -v t="$tol" 'BEGIN { d = a - b; d = d < 0 ? -d : d; m = b < 0 ? -b : b; exit !(a == a && b == b && d <= t * m) }'; then
+            echo "  PyTorch scores the model ${labels[i]} trained: ok    ours $a PyTorch $b (bound $tol relative)"
+            passed=$((passed + 1))
+        else
+            echo "  PyTorch scores the model ${labels[i]} trained: FAIL  ours $a PyTorch $b (bound $tol relative)"
+            failed=$((failed + 1))
+        fi
     done
     first=0
 done
