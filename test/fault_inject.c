@@ -8,9 +8,13 @@
 //   FAULT_AFTER=TEXT    start counting at the first operation on a path containing TEXT (a save's
 //                       first file, e.g. model_00000010), so that N counts from that save's start
 //   FAULT_TRACE=FILE    append one line per counted operation to FILE: "N op path"
+//   FAULT_SLEEP_MS=MS   sleep MS milliseconds before every counted operation (slows a run down, e.g.
+//                       its reads of the training data, so that a test can signal it mid-run)
 //
-// Operations: create (mkstemp, open with O_CREAT), write, fsync (of a file), close, rename,
-// dirsync (fsync of a folder), dirclose, unlink. Build: make build/test/libfault_inject.so.
+// Operations: create (mkstemp, open with O_CREAT), read (pread), write, fsync (of a file), close,
+// rename, dirsync (fsync of a folder), dirclose, unlink. open is intercepted under every name glibc
+// gives it (open64, the fortified __open_2, openat, ...), so every file's path is known.
+// Build: make build/test/libfault_inject.so.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -46,6 +50,8 @@ static int fault(const char* op, const char* path) {
         armed = 1;
     }
     const long n = ++counter;
+    const char* sleep_ms = getenv("FAULT_SLEEP_MS");
+    if (sleep_ms && *sleep_ms) usleep((useconds_t)(atol(sleep_ms) * 1000));
     const char* trace = getenv("FAULT_TRACE");
     if (trace && *trace) {
         int (*real_open)(const char*, int, ...) = dlsym(RTLD_NEXT, "open");
@@ -106,6 +112,49 @@ int open(const char* path, int flags, ...) {
     const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
     va_end(ap);
     return open_common(real_open, path, flags, mode);
+}
+
+int __open_2(const char* path, int flags) {
+    REAL(int, __open_2, const char*, int);
+    const int fd = real___open_2(path, flags);
+    remember(fd, path);
+    return fd;
+}
+
+int __open64_2(const char* path, int flags) {
+    REAL(int, __open64_2, const char*, int);
+    const int fd = real___open64_2(path, flags);
+    remember(fd, path);
+    return fd;
+}
+
+int openat(int dirfd, const char* path, int flags, ...) {
+    REAL(int, openat, int, const char*, int, ...);
+    va_list ap;
+    va_start(ap, flags);
+    const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
+    va_end(ap);
+    if (flags & O_CREAT) {
+        int e = fault("create", path);
+        if (e) return errno = e, -1;
+    }
+    const int fd = real_openat(dirfd, path, flags, mode);
+    remember(fd, path);
+    return fd;
+}
+
+ssize_t pread(int fd, void* buf, size_t n, off_t offset) {
+    REAL(ssize_t, pread, int, void*, size_t, off_t);
+    int e = fault("read", path_of(fd));
+    if (e) return errno = e, -1;
+    return real_pread(fd, buf, n, offset);
+}
+
+ssize_t pread64(int fd, void* buf, size_t n, off_t offset) {
+    REAL(ssize_t, pread64, int, void*, size_t, off_t);
+    int e = fault("read", path_of(fd));
+    if (e) return errno = e, -1;
+    return real_pread64(fd, buf, n, offset);
 }
 
 int open64(const char* path, int flags, ...) {

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# usage: [STEPS=1000] [KILLS=10] [PRECISION=bf16] [SEED=1] bash test/soak_resume.sh
+# usage: [STEPS=1500] [KILLS=12] [PRECISION=bf16] [SEED=1] bash test/soak_resume.sh
 #
 # A soak test of checkpoints and resume on a GPU (minutes; not part of `make test`): a small model
 # trains STEPS steps with a checkpoint every 50 (keep 3), once straight through (U), and once killed
-# with kill -9 at KILLS random moments, each time restarted with -y 1, then run to the end. The final
+# with kill -9 at KILLS random steps ahead of the run (half of them just after a checkpoint step,
+# while its save runs), each time restarted with -y 1, then run to the end. The final
 # checkpoint must equal U's byte for byte, and every loss the interrupted runs logged (main.log and
 # metrics.csv, steps trained twice included) must equal U's loss at that step, bit for bit (the
 # printed digits of a float). Also reports how many kills landed while a checkpoint was being
 # written. Ends with `N passed, N failed, N skipped`.
 set -u
 cd "$(dirname "$0")/.."
-STEPS=${STEPS:-1000} KILLS=${KILLS:-10} PRECISION=${PRECISION:-bf16} SEED=${SEED:-1}
+STEPS=${STEPS:-1500} KILLS=${KILLS:-12} PRECISION=${PRECISION:-bf16} SEED=${SEED:-1}
 PYTHON=${PYTHON:-python3}
 bin=./train_gpt_$PRECISION
 passed=0 failed=0
@@ -41,11 +42,17 @@ report "uninterrupted run of $STEPS steps ($straight s)" "$([[ $rc -eq 0 ]] && e
 
 RANDOM=$SEED
 kills=0 mid_save=0
+logged() { grep -o '^s:[0-9]* trl' "$tmp/K/main.log" 2>/dev/null | tr -dc '0-9\n' | sort -n | tail -n 1; }
 for ((i = 1; i <= KILLS; i++)); do
+    last=$(logged)
+    last=${last:-0}
+    # The next kill: at a step not logged yet, every other one right after a checkpoint step (while
+    # the save that follows it runs), the others anywhere.
+    if ((i % 2)); then target=$(((last / 50 + 1 + RANDOM % 3) * 50)); else target=$((last + 1 + RANDOM % 120)); fi
+    ((target >= STEPS - 5)) && break
     $bin "${run[@]}" -o "$tmp/K" -y 1 >>"$tmp/k.log" 2>&1 &
     pid=$!
-    # a random moment within the time a straight run takes (its start-up included)
-    sleep "$(awk -v r=$RANDOM -v s="$straight" 'BEGIN { printf "%.2f", 0.5 + r / 32767 * (s > 1 ? s : 1) }')"
+    until grep -q "^s:$target trl" "$tmp/K/main.log" 2>/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.002; done
     if kill -0 $pid 2>/dev/null; then
         compgen -G "$tmp/K/*.tmp.*" >/dev/null && mid_save=$((mid_save + 1))
         kill -9 $pid
@@ -56,7 +63,7 @@ done
 $bin "${run[@]}" -o "$tmp/K" -y 1 >>"$tmp/k.log" 2>&1
 rc=$?
 report "$kills kill -9 ($mid_save while a checkpoint was being written), then -y 1 to the end" \
-    "$([[ $rc -eq 0 && $kills -ge $((KILLS / 2)) ]] && echo 1 || echo 0)" "exit code $rc, $kills kills landed"
+    "$([[ $rc -eq 0 && $kills -ge 10 ]] && echo 1 || echo 0)" "exit code $rc, $kills kills landed (at least 10 wanted)"
 final=$(printf 'state_%08d.bin' "$STEPS")
 report "final $final identical to the uninterrupted run's" "$(cmp -s "$tmp/U/$final" "$tmp/K/$final" && echo 1 || echo 0)" ""
 final=$(printf 'model_%08d.bin' "$STEPS")

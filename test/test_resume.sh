@@ -16,9 +16,9 @@
 #                    run never interrupted (U): killed (-9, by build/test/libfault_inject.so) before
 #                    7 file operations spread over the step-10 save, then -y 1: the final
 #                    checkpoint and every step line are U's; ENOSPC / EIO in the step-20 save: one
-#                    error line, exit 1, step 10 kept, and -y 1 finishes as U; SIGTERM / SIGINT: exit
-#                    code 75 with a checkpoint of the step it stopped at, and -y 1 finishes as U; a
-#                    second SIGTERM ends the program at once
+#                    error line, exit 1, step 10 kept, and -y 1 finishes as U; SIGTERM / SIGINT
+#                    between checkpoints: exit code 75 with a checkpoint of the step it stopped at,
+#                    and -y 1 finishes as U; a second SIGTERM ends the program at once
 #   OOM              -e d12 -b 4096 -t 1024: exit 1, one line `error: out of GPU memory ...` with the
 #                    requested and free sizes
 #   non-finite       a model whose logits overflow: three skipped updates, each named, then exit 1
@@ -242,18 +242,22 @@ for prec in "${precisions[@]}"; do
             same_run "[$prec] faults: after $action, -y 1: the same run as U" "$d" "$p/$action.out" "$p/${action}r.out"
         done
         # SIGTERM / SIGINT: the step in progress finishes, a checkpoint is written, exit code 75; -y 1 goes on.
+        # Each read of a training window is slowed to 40 ms, so the signal, sent once step 6 is
+        # printed, lands between checkpoints (steps 5 and 10 validate), where the next step's first
+        # batch has already been read.
         for sig in TERM INT; do
             d=$p/sig$sig
-            "./$bin" "${small[@]}" -x 20 -o "$d" >"$p/sig$sig.out" 2>"$p/sig$sig.err" </dev/null &
+            FAULT_ONLY="$tmp/train.bin" FAULT_SLEEP_MS=40 LD_PRELOAD=$shim \
+                "./$bin" "${small[@]}" -x 20 -o "$d" >"$p/sig$sig.out" 2>"$p/sig$sig.err" </dev/null &
             pid=$!
             deadline=$((SECONDS + 120))
-            until grep -q '^step  *4/' "$p/sig$sig.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null || ((SECONDS > deadline)); do sleep 0.01; done
+            until grep -q '^step  *6/' "$p/sig$sig.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null || ((SECONDS > deadline)); do sleep 0.005; done
             kill -$sig $pid 2>/dev/null
             wait $pid
             rcs=$?
             stopped=$(sed -nE 's/^stopped at step ([0-9]+) by a signal.*/\1/p' "$p/sig$sig.out")
             ok=0
-            [[ $rcs -eq 75 && -n $stopped && -e $(printf '%s/state_%08d.bin' "$d" "$stopped") ]] && ok=1
+            [[ $rcs -eq 75 && -n $stopped && $stopped -ne 10 && -e $(printf '%s/state_%08d.bin' "$d" "$stopped") ]] && ok=1
             report "[$prec] signals: SIG$sig: exit code 75, checkpoint of the step it stopped at (${stopped:-none})" $ok "exit code $rcs"
             train "$p/sig${sig}r" "${small[@]}" -x 20 -o "$d" -y 1
             same_run "[$prec] signals: SIG$sig, then -y 1: the same run as U" "$d" "$p/sig$sig.out" "$p/sig${sig}r.out"
