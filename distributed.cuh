@@ -26,6 +26,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -89,6 +91,7 @@ struct Dist {
     std::thread watchdog;
     std::atomic<bool> stopping{false};
     std::atomic<double> last_progress{0.0};
+    std::atomic<bool> solo{false};  // rank 0 works alone (writes a checkpoint, samples): the others wait for it
     int stall_seconds = 0;  // -wt: no progress for this long ends the run (0: never)
 #if !defined(NO_NCCL)
     ncclUniqueId id{};
@@ -102,6 +105,7 @@ struct Dist {
 inline double dist_now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+inline void dist_progress(Dist& d) { d.last_progress.store(dist_now()); }
 
 inline bool env_int(const char* name, int* out) {
     const char* v = getenv(name);
@@ -174,6 +178,7 @@ struct DistHello {
     char host[64];
     char setup[kSetupChars];  // the run setup as "key=value" words, for a message saying what differs
 };
+enum : uint32_t { kDistSolo = 0x4F4C4F53u };  // "SOLO": rank 0 is alive, working alone (a save, a sample)
 struct DistReply {
     uint32_t magic;
     int32_t ok;
@@ -243,8 +248,9 @@ inline int dist_listen(const std::string& port, int backlog, int* bound_port) {
     return s;
 }
 
-// Others: connects to host:port, retrying until `timeout` seconds have passed (rank 0 may start late).
-inline int dist_connect(const std::string& host, const std::string& port, double timeout) {
+// Others: connects to host:port, retrying until `timeout` seconds have passed (rank 0 may start
+// late); -1 (and *why) when nothing answered.
+inline int dist_try_connect(const std::string& host, const std::string& port, double timeout, std::string* why) {
     const double until = dist_now() + timeout;
     std::string last = "no answer";
     while (dist_now() < until) {
@@ -270,7 +276,8 @@ inline int dist_connect(const std::string& host, const std::string& port, double
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    fail("rendezvous: cannot reach rank 0 at %s:%s within %.0f s (%s)", host.c_str(), port.c_str(), timeout, last.c_str());
+    *why = last;
+    return -1;
 }
 
 // The first word of `a` and `b` ("key=value" words) that differs, for the refusal message.
@@ -338,12 +345,17 @@ void dist_rendezvous(Dist& d, const std::string& spec, const std::string& setup,
             if (poll(&p, 1, 200) <= 0) continue;
             const int s = accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
             if (s < 0) continue;
+            timeval wait{5, 0}, forever{0, 0};  // a connection that says nothing must not stall the others
+            setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
             DistHello h{};
             if (!recv_all(s, &h, sizeof(h)) || h.magic != kDistMagic) {
                 close(s);  // not one of ours (a port scan, a stale run): ignore it
                 continue;
             }
-            h.setup[kSetupChars - 1] = 0;
+            setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof(forever));
+            const int one = 1;
+            setsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+            h.setup[kSetupChars - 1] = 0, h.host[sizeof(h.host) - 1] = 0;
             if (h.world != d.world) fail("rendezvous: rank %d was started with a world of %d ranks, rank 0 with %d", h.rank, h.world, d.world);
             if (h.rank < 1 || h.rank >= d.world || d.peers[h.rank] >= 0)
                 fail("rendezvous: two processes claim rank %d (check the launcher's rank variables)", h.rank);
@@ -367,25 +379,32 @@ void dist_rendezvous(Dist& d, const std::string& spec, const std::string& setup,
         for (int r = 1; r < d.world; r++) send_all(d.peers[r], &reply, sizeof(reply));
         if (!reply.ok) fail("%s", reply.message);
     } else {
-        if (via_file) {  // wait for rank 0's address; a stale file (no one listening) is read again
-            const double until = dist_now() + timeout;
-            for (;;) {
+        // Connect to rank 0; through a file, its address is read again after each failed attempt (a
+        // file left by an earlier run names a port no one listens on until rank 0 rewrites it).
+        int s = -1;
+        std::string why = "no answer";
+        const double until = dist_now() + timeout;
+        while (s < 0 && dist_now() < until) {
+            if (via_file) {
                 std::vector<uint8_t> bytes;
                 std::string error;
-                if (read_whole_file(file, bytes, &error, 4096)) {
-                    char h[256] = {};
-                    int p = 0;
-                    const std::string text(bytes.begin(), bytes.end());
-                    if (sscanf(text.c_str(), "%255s %d", h, &p) == 2) {
-                        host = h, port = std::to_string(p);
-                        break;
-                    }
+                char h[256] = {};
+                int p = 0;
+                if (!read_whole_file(file, bytes, &error, 4096) ||
+                    sscanf(std::string(bytes.begin(), bytes.end()).c_str(), "%255s %d", h, &p) != 2) {
+                    why = "no address in " + file + " yet";
+                    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                    continue;
                 }
-                if (dist_now() > until) fail("rendezvous: no address from rank 0 in %s within %.0f s", file.c_str(), timeout);
-                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                host = h, port = std::to_string(p);
             }
+            s = dist_try_connect(host, port, via_file ? 1.0 : until - dist_now(), &why);
         }
-        const int s = dist_connect(host, port, timeout);
+        if (s < 0)
+            fail("rendezvous: cannot reach rank 0 at %s within %.0f s (%s)", via_file ? file.c_str() : d.rendezvous.c_str(),
+                 timeout, why.c_str());
+        const int one = 1;
+        setsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
         DistHello h{};
         h.magic = kDistMagic, h.rank = d.rank, h.world = d.world, h.local_rank = d.local_rank, h.setup_hash = hash;
         gethostname(h.host, sizeof(h.host) - 1);
@@ -423,9 +442,14 @@ inline void dist_watch(Dist* dp) {
         for (size_t i = 0; n > 0 && i < fds.size(); i++) {
             if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             uint32_t word = 0;
-            if (recv_all(fds[i].fd, &word, sizeof(word)) && word == kDistDone && d.rank == 0) {
+            const bool got = recv_all(fds[i].fd, &word, sizeof(word));
+            if (got && word == kDistDone && d.rank == 0) {
                 d.done_count.fetch_add(1);
                 fds[i].fd = -1;  // finished cleanly: its closing is no failure
+                continue;
+            }
+            if (got && word == kDistSolo && d.rank != 0) {  // rank 0 is busy alone: waiting for it is progress
+                dist_progress(d);
                 continue;
             }
             if (d.stopping.load()) return;
@@ -438,20 +462,39 @@ inline void dist_watch(Dist* dp) {
                 dist_abort(d, std::string("NCCL: ") + ncclGetErrorString(async) + " (another rank failed, or the network did)");
         }
 #endif
+        if (d.rank == 0 && d.solo.load()) {  // tell the others, about every half second
+            dist_progress(d);
+            const uint32_t word = kDistSolo;
+            for (const pollfd& p : fds)
+                if (p.fd >= 0) send_all(p.fd, &word, sizeof(word));
+        }
         const double idle = dist_now() - d.last_progress.load();
         if (d.stall_seconds > 0 && idle > d.stall_seconds)
             dist_abort(d, "no progress for " + std::to_string((int)idle) + " s (a stuck collective? -wt sets this limit)");
     }
 }
 
-inline void dist_progress(Dist& d) { d.last_progress.store(dist_now()); }
-
+// The watchdog thread takes no signals (SIGINT, SIGTERM go to the training loop's thread).
 inline void dist_start_watchdog(Dist& d, int stall_seconds) {
     if (!d.multi()) return;
     d.stall_seconds = stall_seconds;
     dist_progress(d);
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
     d.watchdog = std::thread(dist_watch, &d);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
+
+// Rank 0 alone at work (a checkpoint's files, a sample): the other ranks wait in their next
+// collective, and their watchdogs must not count that as a stall.
+struct DistSolo {
+    Dist& d;
+    explicit DistSolo(Dist& dist) : d(dist) { d.solo.store(d.multi() && d.rank == 0); }
+    ~DistSolo() { d.solo.store(false), dist_progress(d); }
+};
 
 #if !defined(NO_NCCL)
 // ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 // Nothing touches the GPU before every input (flags, token files, tokenizer, checkpoints, output
 // folder) has been validated, so bad input fails with one line and exit code 1 even without a GPU.
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -985,8 +987,9 @@ inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad
     AdamWHyper hyper{lr, h.beta1, h.beta2, h.eps, h.weight_decay,
                      1.0f - std::pow(h.beta1, (float)t), 1.0f - std::pow(h.beta2, (float)t), grad_clip, m.step};
     profiler().mark("opt.adamw");
-    adamw_update(m.params_memory + m.shard_lo, m.master, m.grads_memory + m.shard_lo, m.adam_m, m.adam_v,
-                 m.shard_hi - m.shard_lo, table, hyper);
+    if (m.shard_hi > m.shard_lo)  // (a tiny model on many GPUs can leave the last ranks nothing)
+        adamw_update(m.params_memory + m.shard_lo, m.master, m.grads_memory + m.shard_lo, m.adam_m, m.adam_v,
+                     m.shard_hi - m.shard_lo, table, hyper);
 #if !defined(NO_NCCL)
     if (m.dist && m.dist->multi()) {
         profiler().mark("opt.allgather");
@@ -1023,6 +1026,8 @@ inline std::vector<float> gpt_gather_shards(GPT& m, const float* shard) {
     Dist& d = *m.dist;
     const size_t S = shard_size(n, d.world), chunk = std::min(S, size_t(1) << 22);
     float* gathered = static_cast<float*>(device_malloc(chunk * d.world * sizeof(float), "checkpoint gather"));
+    cuda_check(cudaEventRecord(m.grads_ready, 0));  // after whatever wrote the shards on the default stream
+    cuda_check(cudaStreamWaitEvent(d.stream, m.grads_ready, 0));
     std::vector<float> host(chunk * d.world);
     if (d.rank == 0) out.resize(n);
     for (size_t at = 0; at < S; at += chunk) {
@@ -1115,8 +1120,9 @@ struct DataLoader {
 // 2, step, B, T, crc32, 0, 0, num_params (int64 at [8]), loader epoch (int64 at [10]), loader cursor
 // (int64 at [12]), sampler RNG (uint64 at [14]), -sd seed (int64 at [16]), -sh shuffle ([18]),
 // training data fingerprint ([19], TokenStream::fingerprint), training token count (int64 at [20]),
-// -ge ([22]), -r ([23])} then fp32 master weights, AdamW m, AdamW v, whole (whatever the number of
-// GPUs that wrote them, so a run saved on N GPUs resumes on M).
+// -ge ([22]), -r ([23]), tokens per step (int64 at [24]; 0 in older files)} then fp32 master
+// weights, AdamW m, AdamW v, whole (whatever the number of GPUs that wrote them, so a run saved on N
+// GPUs resumes on M).
 //
 // The commit protocol: the model file is written first, then the state file, each atomically (temp
 // file, fsync, rename, folder fsync: fileio.h). The state file is the commit record: a checkpoint
@@ -1137,7 +1143,7 @@ struct TrainState {
     // The run setup the state belongs to.
     int B = 0, T = 0, shuffle = 0, gelu_fusion = 0, recompute = 0;
     int64_t seed = 0;
-    uint64_t data_tokens = 0;
+    uint64_t data_tokens = 0, total_batch = 0;
     uint32_t data_crc = 0;
     std::vector<float> adam_m, adam_v;
 };
@@ -1177,6 +1183,7 @@ inline bool write_checkpoint(const std::string& dir, const GPTConfig& config, co
     h[19] = (int32_t)st.data_crc;
     put64(h, 20, st.data_tokens);
     h[22] = st.gelu_fusion, h[23] = st.recompute;
+    put64(h, 24, st.total_batch);
     uint32_t crc = crc32(h, sizeof(h));  // with the crc slot (h[5]) still 0
     crc = crc32(params.data(), bytes, crc);
     crc = crc32(adam_m.data(), bytes, crc);
@@ -1214,6 +1221,7 @@ inline CheckpointScan scan_checkpoints(const std::string& dir) {
         int step = -1;
         char tail = 0;
         const bool state = name.rfind("state_", 0) == 0, model = name.rfind("model_", 0) == 0;
+        if (name.rfind(".write_test.tmp.", 0) == 0) scan.temps.push_back(dir + "/" + name);  // a killed folder probe
         if (!state && !model) continue;
         if (name.find(".tmp.") != std::string::npos) scan.temps.push_back(dir + "/" + name);
         else if (name.size() == 18 && sscanf(name.c_str() + 6, "%8d.bi%c", &step, &tail) == 2 && tail == 'n' && step >= 0)
@@ -1304,6 +1312,7 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     st.B = h[3], st.T = h[4], st.seed = (int64_t)get64(h, 16), st.shuffle = h[18];
     st.data_crc = (uint32_t)h[19], st.data_tokens = get64(h, 20);
     st.gelu_fusion = h[22], st.recompute = h[23];
+    st.total_batch = get64(h, 24);
     return true;
 }
 
@@ -1328,6 +1337,7 @@ inline bool find_resume_checkpoint(const std::string& dir, HostModel& model, Tra
 inline void save_checkpoint(GPT& m, const std::string& dir, const TrainState& st) {
     const std::vector<float> params = gpt_params_fp32(m), am = gpt_gather_shards(m, m.adam_m), av = gpt_gather_shards(m, m.adam_v);
     if (m.dist && m.dist->rank != 0) return;
+    std::unique_ptr<DistSolo> solo(m.dist ? new DistSolo(*m.dist) : nullptr);  // the others wait while rank 0 writes
     std::string error;
     if (!write_checkpoint(dir, m.config, st, params, am, av, &error)) fail("writing checkpoint for step %d: %s", st.step, error.c_str());
     printf("checkpoint: wrote %s and %s\n", checkpoint_path(dir, "model", st.step).c_str(), checkpoint_path(dir, "state", st.step).c_str());
@@ -1625,16 +1635,21 @@ static std::string format_duration(double seconds) {
 }
 
 // Preemption: the first SIGTERM or SIGINT asks the training loop to stop after the step in progress
-// (and write a checkpoint when -o is set); a second one ends the process at once, the default way.
+// (and write a checkpoint when -o is set); a second one, a second or more later, ends the process at
+// once, the default way. Signals within that second count as one: Ctrl-C reaches every process of
+// the terminal's group, and a launcher (scripts/launch.sh, torchrun) passes it on as well.
 constexpr int kExitStopped = 75;  // EX_TEMPFAIL: stopped early by a signal, resume with -y 1
 static volatile sig_atomic_t g_stop_signal = 0;
+static volatile time_t g_stop_time = 0;
 static void on_stop_signal(int sig) {
-    if (g_stop_signal) {
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+    if (g_stop_signal && now.tv_sec - g_stop_time >= 1) {
         signal(sig, SIG_DFL);
         raise(sig);
         return;
     }
-    g_stop_signal = sig;
+    if (!g_stop_signal) g_stop_signal = sig, g_stop_time = now.tv_sec;
 }
 
 int main(int argc, char** argv) {
@@ -1646,11 +1661,20 @@ int main(int argc, char** argv) {
 #if defined(NO_NCCL)
     if (dist.multi()) fail("%s started %d ranks, but this build has no NCCL (install it and rebuild)", dist.launcher.c_str(), dist.world);
 #endif
+    // The signals are blocked until the helper threads (CUDA's, NCCL's, the watchdog) exist, so that
+    // those inherit the block and only this thread takes them; SA_RESTART keeps them from cutting
+    // a system call short.
     struct sigaction sa{};
     sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGINT, &sa, nullptr);
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
     // 1. Validate every input on the host. Nothing touches the GPU, and nothing is written, before
     // every flag, file and folder has been checked.
@@ -1665,7 +1689,7 @@ int main(int argc, char** argv) {
     bool resumed = false;
     CheckpointScan scan;
     if (!o.out_dir.empty()) {
-        make_out_dir(o.out_dir, true);
+        if (lead) make_out_dir(o.out_dir, true);  // rank 0 alone writes there; the others read checkpoints
         scan = scan_checkpoints(o.out_dir);
     }
     // A new run must not share a folder with another run's checkpoints: pruning keeps the highest
@@ -1690,6 +1714,11 @@ int main(int argc, char** argv) {
                  "(given -b %d -t %d -sd %lld -sh %d)",
                  state.step, o.out_dir.c_str(), state.B, state.T, (long long)state.seed, state.shuffle, o.B, o.T,
                  (long long)o.seed, o.shuffle);
+        // The tokens per step, whatever the number of GPUs (-d's default grows with it).
+        if (resumed && state.total_batch != 0 && state.total_batch != (uint64_t)total_batch)
+            fail("the checkpoint of step %d in '%s' was written with -d %llu tokens per step, this run has %ld: resume with "
+                 "-d %llu", state.step, o.out_dir.c_str(), (unsigned long long)state.total_batch, total_batch,
+                 (unsigned long long)state.total_batch);
         if (resumed && lead && (state.gelu_fusion != o.gelu_fusion || state.recompute != o.recompute))
             fprintf(stderr, "warning: the checkpoint of step %d was written with -ge %d -r %d, this run has -ge %d -r %d: "
                     "its losses will differ in rounding from an uninterrupted run\n", state.step, state.gelu_fusion,
@@ -1748,7 +1777,7 @@ int main(int argc, char** argv) {
     }
     state.B = o.B, state.T = o.T, state.seed = o.seed, state.shuffle = o.shuffle;
     state.gelu_fusion = o.gelu_fusion, state.recompute = o.recompute;
-    state.data_tokens = data_tokens, state.data_crc = data_crc;
+    state.data_tokens = data_tokens, state.data_crc = data_crc, state.total_batch = (uint64_t)total_batch;
     Tokenizer tokenizer;
     const bool have_tokenizer = o.tokenizer_given || file_exists(o.tokenizer_path);
     if (have_tokenizer) tokenizer = read_tokenizer(o.tokenizer_path);
@@ -1777,15 +1806,21 @@ int main(int argc, char** argv) {
     if (dist.multi()) {
         int devices = 0;
         if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-        if (dist.local_rank >= devices)
+        if (devices != 1 && dist.local_rank >= devices)
             fail("rank %d has local rank %d, but this node has %d GPUs: start at most one rank per GPU", dist.rank, dist.local_rank, devices);
-        char setup[kSetupChars];
-        snprintf(setup, sizeof(setup), "-i=%s -j=%s -e=%s -o=%s -y=%d -b=%d -t=%d -d=%ld -x=%d -l=%g -u=%d -q=%g -c=%g -gc=%g -sd=%ld "
-                 "-sh=%d -v=%d -m=%d -n=%d -nk=%d -fa=%d -ge=%d -r=%d -ov=%d -tw=%d -pf=%d data=%llu:%08x resumed-step=%d",
-                 o.train_path.c_str(), val_path.c_str(), o.model.c_str(), o.out_dir.c_str(), o.resume, o.B, o.T, total_batch, o.max_steps,
-                 o.lr, o.warmup, o.final_lr_frac, o.weight_decay, o.grad_clip, o.seed, o.shuffle, o.val_every, o.val_batches,
-                 o.checkpoint_every, o.checkpoint_keep, o.flash, o.gelu_fusion, o.recompute, o.overlap, o.tune_wide, o.profile,
-                 (unsigned long long)data_tokens, data_crc, resumed ? state.step : -1);
+        // What must be the same on every rank, the most telling first: build, model, data, flags.
+        std::string setup = std::string("build=") + PRECISION_NAME;
+        auto add = [&](const char* key, const std::string& value) { setup += std::string(" ") + key + "=" + value; };
+        add("model", "L" + std::to_string(c.L) + ",NH" + std::to_string(c.NH) + ",C" + std::to_string(c.C) + ",T" +
+                         std::to_string(c.maxT) + ",V" + std::to_string(c.V) + ",Vp" + std::to_string(c.Vp));
+        add("resumed-step", std::to_string(resumed ? state.step : -1));
+        char data[64];
+        snprintf(data, sizeof(data), "%llu:%08x", (unsigned long long)data_tokens, data_crc);
+        add("data", data);
+        for (int i = 1; i + 1 < argc; i += 2) add(argv[i], argv[i + 1]);  // the flags as given
+        add("-d(tokens)", std::to_string(total_batch));
+        if (setup.size() >= kSetupChars)
+            fail("the run setup is %zu characters, more than the %d ranks can compare (shorter paths?)", setup.size(), kSetupChars - 1);
 #if !defined(NO_NCCL)
         dist_rendezvous(dist, o.rendezvous, setup, [] {
             ncclUniqueId id;
@@ -1802,11 +1837,14 @@ int main(int argc, char** argv) {
     if (!cuda_device_available()) fail("no CUDA device found (train_gpt needs a GPU)");
     int devices = 0;
     cuda_check(cudaGetDeviceCount(&devices));
-    if (dist.local_rank >= devices)
+    // One visible GPU: the launcher gave this rank its own (srun --gpus-per-task, CUDA_VISIBLE_DEVICES
+    // per rank). Several: the rank's local index picks one.
+    const int device = devices == 1 ? 0 : dist.local_rank;
+    if (device >= devices)
         fail("rank %d has local rank %d, but this node has %d GPUs: start at most one rank per GPU", dist.rank, dist.local_rank, devices);
-    cuda_check(cudaSetDevice(dist.local_rank));
+    cuda_check(cudaSetDevice(device));
     cudaDeviceProp prop;
-    cuda_check(cudaGetDeviceProperties(&prop, dist.local_rank));
+    cuda_check(cudaGetDeviceProperties(&prop, device));
     // Inputs are valid and there is a GPU: the output folder is made now (removed again, if still
     // empty, should the run fail), and what interrupted saves left in it is removed.
     if (!o.out_dir.empty() && lead) {
@@ -1826,6 +1864,7 @@ int main(int argc, char** argv) {
     blas().tune_wide = o.tune_wide != 0;
     blas().tune_print = o.tune_wide != 0 && lead;  // -tw 1 prints what each plan's tuning kept
     gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute, o.overlap);
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // (a signal that came meanwhile is taken now)
     if (resumed) {
         gpt_set_optimizer_state(m, state.adam_m, state.adam_v);
         state.adam_m = std::vector<float>(), state.adam_v = std::vector<float>();
@@ -1884,6 +1923,7 @@ int main(int argc, char** argv) {
             gpt_set_batch(m, inputs.data(), targets.data(), val.B, o.T);
             gpt_forward(m, val.B, o.T, true, 0.0f);
             sum += gpt_mean_loss(m, val.B, o.T);
+            dist_progress(dist);
         }
 #if !defined(NO_NCCL)
         sum = dist_sum(dist, sum);
@@ -1897,6 +1937,7 @@ int main(int argc, char** argv) {
     };
     auto sample = [&](int step) {
         if (!lead) return;  // the others go on to the next step's first collective and wait there
+        DistSolo solo(dist);
         std::vector<int> tokens = sample_context;
         printf("step %5d | sample:\n---\n", step);
         if (have_tokenizer)
@@ -1913,7 +1954,10 @@ int main(int argc, char** argv) {
     auto checkpoint = [&](int step) {
         state.step = step, state.loader_epoch = train.epoch, state.loader_cursor = train.cursor, state.sampler_rng = sampler.state;
         save_checkpoint(m, o.out_dir, state);
-        if (lead) prune_checkpoints(o.out_dir, o.checkpoint_keep);
+        if (lead) {
+            DistSolo solo(dist);
+            prune_checkpoints(o.out_dir, o.checkpoint_keep);
+        }
         last_checkpoint = step;
         dist_progress(dist);
     };

@@ -4,6 +4,7 @@
 //   FAULT_AT=N          the operation to act on (counted from 1); unset: only count (and trace)
 //   FAULT_ACTION=kill   SIGKILL the process just before that operation (the default)
 //               enospc  make it fail with ENOSPC (a full disk); eio: with EIO (an I/O error)
+//               term    send the process SIGTERM, then do the operation; int: SIGINT
 //   FAULT_ONLY=TEXT     count only operations on paths containing TEXT (the checkpoint folder)
 //   FAULT_AFTER=TEXT    start counting at the first operation on a path containing TEXT (a save's
 //                       first file, e.g. model_00000010), so that N counts from that save's start
@@ -71,6 +72,10 @@ static int fault(const char* op, const char* path) {
     if (!action || !strcmp(action, "kill")) {
         kill(getpid(), SIGKILL);
         pause();
+    }
+    if (!strcmp(action, "term") || !strcmp(action, "int")) {
+        kill(getpid(), !strcmp(action, "term") ? SIGTERM : SIGINT);
+        return 0;
     }
     return !strcmp(action, "enospc") ? ENOSPC : EIO;
 }

@@ -18,7 +18,8 @@
 #                    checkpoint and every step line are U's; ENOSPC / EIO in the step-20 save: one
 #                    error line, exit 1, step 10 kept, and -y 1 finishes as U; SIGTERM / SIGINT
 #                    between checkpoints: exit code 75 with a checkpoint of the step it stopped at,
-#                    and -y 1 finishes as U; a second SIGTERM ends the program at once
+#                    and -y 1 finishes as U; two signals at once are one stop; a second SIGTERM a
+#                    second later ends the program at once
 #   OOM              -e d12 -b 4096 -t 1024: exit 1, one line `error: out of GPU memory ...` with the
 #                    requested and free sizes
 #   non-finite       a model whose logits overflow: three skipped updates, each named, then exit 1
@@ -242,36 +243,41 @@ for prec in "${precisions[@]}"; do
             same_run "[$prec] faults: after $action, -y 1: the same run as U" "$d" "$p/$action.out" "$p/${action}r.out"
         done
         # SIGTERM / SIGINT: the step in progress finishes, a checkpoint is written, exit code 75; -y 1 goes on.
-        # Each read of a training window is slowed to 40 ms, so the signal, sent once step 6 is
-        # printed, lands between checkpoints (steps 5 and 10 validate), where the next step's first
-        # batch has already been read.
+        # The signal comes from the fault library at the 15th read of the training data (its header, its
+        # fingerprint, then a window per micro-batch): while step 6 runs, as the first batch of step 7
+        # is read ahead, so the stop must also put that batch back.
         for sig in TERM INT; do
             d=$p/sig$sig
-            FAULT_ONLY="$tmp/train.bin" FAULT_SLEEP_MS=40 LD_PRELOAD=$shim \
-                "./$bin" "${small[@]}" -x 20 -o "$d" >"$p/sig$sig.out" 2>"$p/sig$sig.err" </dev/null &
-            pid=$!
-            deadline=$((SECONDS + 120))
-            until grep -q '^step  *6/' "$p/sig$sig.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null || ((SECONDS > deadline)); do sleep 0.005; done
-            kill -$sig $pid 2>/dev/null
-            wait $pid
-            rcs=$?
+            FAULT_ONLY="$tmp/train.bin" FAULT_AT=15 FAULT_ACTION=${sig,,} LD_PRELOAD=$shim train "$p/sig$sig" "${small[@]}" -x 20 -o "$d"
             stopped=$(sed -nE 's/^stopped at step ([0-9]+) by a signal.*/\1/p' "$p/sig$sig.out")
             ok=0
-            [[ $rcs -eq 75 && -n $stopped && $stopped -ne 10 && -e $(printf '%s/state_%08d.bin' "$d" "$stopped") ]] && ok=1
-            report "[$prec] signals: SIG$sig: exit code 75, checkpoint of the step it stopped at (${stopped:-none})" $ok "exit code $rcs"
+            [[ $rc -eq 75 && $stopped == 6 && -e $d/state_00000006.bin ]] && ok=1
+            report "[$prec] signals: SIG$sig during step 6: exit code 75, checkpoint of step 6" $ok "exit code $rc, stopped at ${stopped:-none}"
             train "$p/sig${sig}r" "${small[@]}" -x 20 -o "$d" -y 1
             same_run "[$prec] signals: SIG$sig, then -y 1: the same run as U" "$d" "$p/sig$sig.out" "$p/sig${sig}r.out"
         done
-        # A second signal ends the program at once (killed by it, no "stopped" line).
-        "./$bin" "${small[@]}" -x 100000 -o "$p/sig2" >"$p/sig2.out" 2>"$p/sig2.err" </dev/null &
+        # Two signals at once (a terminal's Ctrl-C and a launcher passing it on) are one stop.
+        FAULT_ONLY="$tmp/train.bin" FAULT_AT=15 FAULT_ACTION=term LD_PRELOAD=$shim \
+            "./$bin" "${small[@]}" -x 20 -o "$p/sig2" >"$p/sig2.out" 2>"$p/sig2.err" </dev/null &
         pid=$!
-        deadline=$((SECONDS + 120))
-        until grep -q '^step  *2/' "$p/sig2.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null || ((SECONDS > deadline)); do sleep 0.01; done
-        kill -TERM $pid; kill -TERM $pid
+        until grep -q '^step  *3/' "$p/sig2.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.002; done
+        kill -INT $pid; kill -TERM $pid
         wait $pid
         rcs=$?
-        report "[$prec] signals: a second SIGTERM ends it at once (killed by the signal)" \
-            "$([[ $rcs -eq 143 ]] && ! grep -q '^stopped at' "$p/sig2.out" && echo 1 || echo 0)" "exit code $rcs"
+        report "[$prec] signals: SIGINT and SIGTERM at once: one stop, exit code 75" \
+            "$([[ $rcs -eq 75 ]] && grep -q '^stopped at step' "$p/sig2.out" && echo 1 || echo 0)" "exit code $rcs"
+        # A second signal a second or more after the first ends the program at once (killed by it).
+        # Each read of the training data is slowed to 3 s, so the run is still in its first step.
+        FAULT_ONLY="$tmp/train.bin" FAULT_SLEEP_MS=3000 LD_PRELOAD=$shim \
+            "./$bin" "${small[@]}" -x 20 -o "$p/sig3" >"$p/sig3.out" 2>"$p/sig3.err" </dev/null &
+        pid=$!
+        deadline=$((SECONDS + 120))
+        until grep -q '^device:' "$p/sig3.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null || ((SECONDS > deadline)); do sleep 0.01; done
+        kill -TERM $pid; sleep 1.5; kill -TERM $pid
+        wait $pid
+        rcs=$?
+        report "[$prec] signals: a second SIGTERM 1.5 s later ends it at once (killed by the signal)" \
+            "$([[ $rcs -eq 143 ]] && ! grep -q '^stopped at' "$p/sig3.out" && echo 1 || echo 0)" "exit code $rcs"
     fi
 
     # ---- out of GPU memory
