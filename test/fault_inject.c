@@ -13,8 +13,9 @@
 //                       its reads of the training data, so that a test can signal it mid-run)
 //
 // Operations: create (mkstemp, open with O_CREAT), read (pread), write, fsync (of a file), close,
-// rename, dirsync (fsync of a folder), dirclose, unlink. open is intercepted under every name glibc
-// gives it (open64, the fortified __open_2, openat, ...), so every file's path is known.
+// rename, dirsync (fsync of a folder), dirclose, unlink. open and pread are intercepted under every
+// name glibc gives them (open64, the fortified __open_2 and __pread_chk, openat, ...), so every
+// file's path is known and every read counted.
 // Build: make build/test/libfault_inject.so.
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -160,6 +161,21 @@ ssize_t pread64(int fd, void* buf, size_t n, off_t offset) {
     int e = fault("read", path_of(fd));
     if (e) return errno = e, -1;
     return real_pread64(fd, buf, n, offset);
+}
+
+// The fortified reads (_FORTIFY_SOURCE, the default of some distributions' compilers).
+ssize_t __pread_chk(int fd, void* buf, size_t n, off_t offset, size_t buflen) {
+    REAL(ssize_t, __pread_chk, int, void*, size_t, off_t, size_t);
+    int e = fault("read", path_of(fd));
+    if (e) return errno = e, -1;
+    return real___pread_chk(fd, buf, n, offset, buflen);
+}
+
+ssize_t __pread64_chk(int fd, void* buf, size_t n, off_t offset, size_t buflen) {
+    REAL(ssize_t, __pread64_chk, int, void*, size_t, off_t, size_t);
+    int e = fault("read", path_of(fd));
+    if (e) return errno = e, -1;
+    return real___pread64_chk(fd, buf, n, offset, buflen);
 }
 
 int open64(const char* path, int flags, ...) {
