@@ -1,5 +1,5 @@
-"""Shared by the Python tests of the user tools (test_prepare_text.py excepted, which predates it):
-counting checks, running gpt_reference.py's command line in-process, and the one-line error rule.
+"""Shared by the Python tests: counting checks and the count line, running gpt_reference.py's command
+line in-process, and the one-line error rule.
 
 Not a test itself (run_tests.sh runs test_*.py only).
 """

@@ -20,6 +20,8 @@ from contextlib import redirect_stdout
 
 import numpy as np
 
+from checks import check, finish, skip  # noqa: E402  (test/checks.py: the count line every test ends with)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
 sys.dont_write_bytecode = True
@@ -37,23 +39,6 @@ TINY_SHAKESPEARE_SHA256 = {
     "gpt2_tokenizer.bin": "6f3abc21e444e4e8300e225f4e03da48ea121cf17e30f67009b8dad7a66c2f13",
 }
 
-counts = {"passed": 0, "failed": 0, "skipped": 0}
-
-
-def check(name, ok, detail=""):
-    counts["passed" if ok else "failed"] += 1
-    print(f"  {name:<66} {'ok' if ok else 'FAIL'}{'  ' + detail if detail else ''}")
-    return ok
-
-
-def skip(name, why):
-    counts["skipped"] += 1
-    print(f"  {name:<66} skipped ({why})")
-
-
-def finish():
-    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
-    sys.exit(1 if counts["failed"] else 0)
 
 
 def run(args, mirror=MIRROR):

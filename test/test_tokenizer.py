@@ -14,20 +14,10 @@ import unicodedata
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "data"))
+sys.path.insert(0, HERE)
+from checks import check, finish  # noqa: E402  (test/checks.py: the count line every test ends with)
 TOOL = os.path.join(ROOT, "build", "test", "token_file_tool")
 MIRROR = os.environ.get("GPT_MIRROR", os.path.join(ROOT, "data", "mirror"))
-passed = failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    passed, failed = passed + ok, failed + (not ok)
-    print(f"  {name:<60} {'ok  ' if ok else 'FAIL'}  {detail}")
-
-
-def finish():
-    print(f"{passed} passed, {failed} failed, 0 skipped")
-    sys.exit(1 if failed else 0)
 
 
 def main():
