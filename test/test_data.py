@@ -16,6 +16,10 @@ import zlib
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402  (test/checks.py: the count line every test ends with)
+from checks import check, finish  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
 sys.dont_write_bytecode = True  # importing the prepare script must not leave __pycache__ in data/
@@ -24,18 +28,6 @@ TOOL = os.path.join("build", "test", "token_file_tool")
 MIRROR = os.path.abspath(os.environ.get("GPT_MIRROR") or os.path.join("..", "shared", "mirror"))
 EOT, VOCAB, VAL_TOKENS = 50256, 50257, 32768
 
-counts = {"passed": 0, "failed": 0}
-
-
-def check(name, ok, detail=""):
-    counts["passed" if ok else "failed"] += 1
-    print(f"  {name:<58} {'ok' if ok else 'FAIL'}{'  ' + detail if detail else ''}")
-    return ok
-
-
-def finish():
-    print(f"{counts['passed']} passed, {counts['failed']} failed, 0 skipped")
-    sys.exit(1 if counts["failed"] else 0)
 
 
 def run(args, mirror=MIRROR):
@@ -49,9 +41,7 @@ def prepare(out, mirror=MIRROR):
 
 def one_line_error(r, must_mention=""):
     """Exit code 1 (not a signal, not a traceback) and exactly one `error: ...` line on stderr."""
-    lines = r.stderr.strip().splitlines()
-    ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and must_mention in lines[0]
-    return ok, (lines[-1] if lines else f"no stderr, exit code {r.returncode}")
+    return checks.one_line_error(r.returncode, r.stderr, must_mention)
 
 
 def header(magic, version, count, extra=0):
