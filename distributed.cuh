@@ -93,10 +93,10 @@ struct Dist {
     std::atomic<double> last_progress{0.0};
     std::atomic<bool> solo{false};  // rank 0 works alone (writes a checkpoint, samples): the others wait for it
     int stall_seconds = 0;  // -wt: no progress for this long ends the run (0: never)
+    cudaStream_t stream = nullptr;  // the gradients' all-reduces run here, beside the backward
 #if !defined(NO_NCCL)
     ncclUniqueId id{};
     std::atomic<ncclComm_t> comm{nullptr};
-    cudaStream_t stream = nullptr;  // the gradients' all-reduces run here, beside the backward
     void* scratch = nullptr;        // a few bytes of device memory for scalar reductions
 #endif
     bool multi() const { return world > 1; }
