@@ -1661,20 +1661,6 @@ int main(int argc, char** argv) {
 #if defined(NO_NCCL)
     if (dist.multi()) fail("%s started %d ranks, but this build has no NCCL (install it and rebuild)", dist.launcher.c_str(), dist.world);
 #endif
-    // The signals are blocked until the helper threads (CUDA's, NCCL's, the watchdog) exist, so that
-    // those inherit the block and only this thread takes them; SA_RESTART keeps them from cutting
-    // a system call short.
-    struct sigaction sa{};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, nullptr);
-    sigaction(SIGINT, &sa, nullptr);
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
     // 1. Validate every input on the host. Nothing touches the GPU, and nothing is written, before
     // every flag, file and folder has been checked.
@@ -1833,7 +1819,22 @@ int main(int argc, char** argv) {
 
     if (fresh_init) host = random_init(host.config, (uint64_t)o.seed);
 
-    // 2. The GPU: one per rank, the rank's local index on its node.
+    // 2. The GPU: one per rank, the rank's local index on its node. Until here a signal ends the
+    // program the default way (nothing has been written); from here on it stops the training loop
+    // (on_stop_signal). It is blocked while the helper threads (CUDA's, NCCL's) start, so that they
+    // inherit the block and only this thread takes it; SA_RESTART keeps it from cutting a system
+    // call short.
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
     if (!cuda_device_available()) fail("no CUDA device found (train_gpt needs a GPU)");
     int devices = 0;
     cuda_check(cudaGetDeviceCount(&devices));
