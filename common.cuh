@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -54,6 +55,11 @@ inline void* device_malloc(size_t bytes, const char* what) {
              what, bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0);
     }
     return ptr;
+}
+
+// Seconds on a steady clock (for durations, deadlines and tokens/s).
+inline double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // True when a CUDA device is usable; GPU tests print `skipped (no CUDA device)` otherwise.

@@ -102,10 +102,7 @@ struct Dist {
     bool multi() const { return world > 1; }
 };
 
-inline double dist_now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-inline void dist_progress(Dist& d) { d.last_progress.store(dist_now()); }
+inline void dist_progress(Dist& d) { d.last_progress.store(now_seconds()); }
 
 inline bool env_int(const char* name, int* out) {
     const char* v = getenv(name);
@@ -251,9 +248,9 @@ inline int dist_listen(const std::string& port, int backlog, int* bound_port) {
 // Others: connects to host:port, retrying until `timeout` seconds have passed (rank 0 may start
 // late); -1 (and *why) when nothing answered.
 inline int dist_try_connect(const std::string& host, const std::string& port, double timeout, std::string* why) {
-    const double until = dist_now() + timeout;
+    const double until = now_seconds() + timeout;
     std::string last = "no answer";
-    while (dist_now() < until) {
+    while (now_seconds() < until) {
         addrinfo hints{}, *res = nullptr;
         hints.ai_family = AF_UNSPEC, hints.ai_socktype = SOCK_STREAM;
         const int g = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
@@ -337,10 +334,10 @@ void dist_rendezvous(Dist& d, const std::string& spec, const std::string& setup,
         }
         d.peers.assign(d.world, -1);
         std::vector<DistHello> hellos(d.world);
-        const double until = dist_now() + timeout;
+        const double until = now_seconds() + timeout;
         for (int joined = 1; joined < d.world;) {
             pollfd p{ls, POLLIN, 0};
-            if (dist_now() > until)
+            if (now_seconds() > until)
                 fail("rendezvous: %d of %d ranks reached rank 0 within %.0f s", joined, d.world, timeout);
             if (poll(&p, 1, 200) <= 0) continue;
             const int s = accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
@@ -383,8 +380,8 @@ void dist_rendezvous(Dist& d, const std::string& spec, const std::string& setup,
         // file left by an earlier run names a port no one listens on until rank 0 rewrites it).
         int s = -1;
         std::string why = "no answer";
-        const double until = dist_now() + timeout;
-        while (s < 0 && dist_now() < until) {
+        const double until = now_seconds() + timeout;
+        while (s < 0 && now_seconds() < until) {
             if (via_file) {
                 std::vector<uint8_t> bytes;
                 std::string error;
@@ -398,7 +395,7 @@ void dist_rendezvous(Dist& d, const std::string& spec, const std::string& setup,
                 }
                 host = h, port = std::to_string(p);
             }
-            s = dist_try_connect(host, port, via_file ? 1.0 : until - dist_now(), &why);
+            s = dist_try_connect(host, port, via_file ? 1.0 : until - now_seconds(), &why);
         }
         if (s < 0)
             fail("rendezvous: cannot reach rank 0 at %s within %.0f s (%s)", via_file ? file.c_str() : d.rendezvous.c_str(),
@@ -468,7 +465,7 @@ inline void dist_watch(Dist* dp) {
             for (const pollfd& p : fds)
                 if (p.fd >= 0) send_all(p.fd, &word, sizeof(word));
         }
-        const double idle = dist_now() - d.last_progress.load();
+        const double idle = now_seconds() - d.last_progress.load();
         if (d.stall_seconds > 0 && idle > d.stall_seconds)
             dist_abort(d, "no progress for " + std::to_string((int)idle) + " s (a stuck collective? -wt sets this limit)");
     }
@@ -536,8 +533,8 @@ inline void dist_close(Dist& d) {
         const uint32_t word = kDistDone;
         send_all(d.peers[0], &word, sizeof(word));
     } else if (d.watchdog.joinable()) {  // the watchdog counts the DONE words
-        const double until = dist_now() + 60;
-        while (d.done_count.load() < d.world - 1 && dist_now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const double until = now_seconds() + 60;
+        while (d.done_count.load() < d.world - 1 && now_seconds() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         d.stopping.store(true);
     } else {  // no watchdog: read them here
         for (int r = 1; r < d.world; r++) {

@@ -4,7 +4,7 @@
 //   - write_file_atomic: temp file, fsync, rename, folder fsync
 //   - TokenStream: llm.c's token files (256 x int32 header: magic 20240520, version 1, count; then
 //     count uint16 tokens), one or many shards named by a glob, streamed window by window
-//   - parse_int_flag / parse_float_flag: strict command-line numbers
+//   - check_flag_pair / parse_int_flag / parse_float_flag: strict command lines
 //   - crc32: the standard CRC-32 (zlib's), for checkpoint checksums
 // Files are little-endian, as every machine this runs on is. Readers and writers return errors (a
 // failed checkpoint write need not end a long run) or end in fail(): one line naming the file and
@@ -344,8 +344,18 @@ inline TokenFile read_token_file(const std::string& path, int vocab_size) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Command-line numbers. The whole string must be the number ("12x", "" and " 1" are errors), so a
+// Command lines. Numbers: the whole string must be the number ("12x", "" and " 1" are errors), so a
 // typo never silently becomes 0 or a truncated value.
+
+// argv[i] starts a flag-value pair: a flag (not a stray word), with a value, given once (a flag given
+// twice is an error, not "the last one wins"). `seen` collects the flags so far; `example` shows one.
+inline void check_flag_pair(int argc, char** argv, int i, std::vector<std::string>& seen, const char* example) {
+    const std::string f = argv[i];
+    if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like %s; -h lists them)", argv[i], example);
+    if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
+    if (std::find(seen.begin(), seen.end(), f) != seen.end()) fail("flag %s is given twice", argv[i]);
+    seen.push_back(f);
+}
 
 inline long parse_int_flag(const char* flag, const char* value, long min, long max) {
     if (!value) fail("flag %s: expected an integer in [%ld, %ld], got nothing", flag, min, max);

@@ -46,10 +46,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> seen;
     for (int i = 1; i < argc; i += 2) {
         const std::string f = argv[i];
-        if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like -g 100; -h lists them)", argv[i]);
-        if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
-        if (std::find(seen.begin(), seen.end(), f) != seen.end()) fail("flag %s is given twice", argv[i]);
-        seen.push_back(f);
+        check_flag_pair(argc, argv, i, seen, "-g 100");
         const char *v = argv[i + 1], *fl = argv[i];
         if ((f == "-e" || f == "-z") && !*v) fail("flag %s: expected a path, got an empty string", fl);
         if (f == "-e") o.model = v;

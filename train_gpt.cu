@@ -1,9 +1,9 @@
-// train_gpt.cu: GPT-2 training on one GPU, in one file.
+// train_gpt.cu: GPT-2 training on one GPU or several (one process each), in one file.
 //
 // Reads top to bottom: model config and checkpoint format, parameter and activation buffers (one flat
 // device buffer each, carved into named tensors), forward, backward, AdamW update, data loader,
-// checkpoints, sampling, command line, training loop. Each kernel family lives in its own header
-// (encoder, layernorm, matmul, attention, classifier, adamw).
+// checkpoints, generation, command line, training loop. Each kernel family lives in its own header
+// (encoder, layernorm, matmul, attention, classifier, adamw); several GPUs in distributed.cuh.
 //
 // Precision is a build option: train_gpt_fp32 (everything fp32, cuBLAS without TF32) and
 // train_gpt_bf16 (bf16 parameters, gradients and activations; fp32 master weights, AdamW state,
@@ -823,10 +823,15 @@ void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const
 constexpr bool kPerLayerTensor[NUM_PARAM_TENSORS] = {false, false, true, true, true, true, true, true,
                                                      true,  true,  true, true, true, true, false, false};
 
-// The comm stream waits for everything enqueued so far on the default stream (and the weight stream).
-inline void comm_wait_for_backward(GPT& m) {
+// The comm stream waits for everything enqueued so far on the default stream.
+inline void comm_after_default_stream(GPT& m) {
     cuda_check(cudaEventRecord(m.grads_ready, 0));
     cuda_check(cudaStreamWaitEvent(m.dist->stream, m.grads_ready, 0));
+}
+
+// ... and on the weight stream.
+inline void comm_wait_for_backward(GPT& m) {
+    comm_after_default_stream(m);
     if (m.overlap) {
         cuda_check(cudaEventRecord(m.wgrads_ready, m.wgrad_stream));
         cuda_check(cudaStreamWaitEvent(m.dist->stream, m.wgrads_ready, 0));
@@ -995,8 +1000,7 @@ inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad
         profiler().mark("opt.allgather");
         Dist& d = *m.dist;
         const size_t shard = shard_size(m.num_params, d.world);
-        cuda_check(cudaEventRecord(m.grads_ready, 0));
-        cuda_check(cudaStreamWaitEvent(d.stream, m.grads_ready, 0));
+        comm_after_default_stream(m);
         nccl_check(ncclAllGather(m.params_memory + shard * d.rank, m.params_memory, shard, nccl_type<floatX>(), d.comm.load(), d.stream));
         cuda_check(cudaEventRecord(m.reduced, d.stream));
         cuda_check(cudaStreamWaitEvent(0, m.reduced, 0));
@@ -1026,8 +1030,7 @@ inline std::vector<float> gpt_gather_shards(GPT& m, const float* shard) {
     Dist& d = *m.dist;
     const size_t S = shard_size(n, d.world), chunk = std::min(S, size_t(1) << 22);
     float* gathered = static_cast<float*>(device_malloc(chunk * d.world * sizeof(float), "checkpoint gather"));
-    cuda_check(cudaEventRecord(m.grads_ready, 0));  // after whatever wrote the shards on the default stream
-    cuda_check(cudaStreamWaitEvent(d.stream, m.grads_ready, 0));
+    comm_after_default_stream(m);  // after whatever wrote the shards
     std::vector<float> host(chunk * d.world);
     if (d.rank == 0) out.resize(n);
     for (size_t at = 0; at < S; at += chunk) {
@@ -1387,10 +1390,6 @@ inline int sample_token(const std::vector<float>& logits, const SampleOptions& o
 
 constexpr int kGenerateBucket = 64;
 
-inline double now_seconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Appends `count` tokens to `tokens` (which holds the context, at least one token), calling
 // on_token(id) after each. Uses the model's buffers: a batch of one row of up to min(m.T, maxT).
 template <typename F>
@@ -1515,10 +1514,7 @@ static Options parse_options(int argc, char** argv) {
     std::vector<std::string> seen;
     for (int i = 1; i < argc; i += 2) {
         const std::string f = argv[i];
-        if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like -b 4; -h lists them)", argv[i]);
-        if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
-        if (std::find(seen.begin(), seen.end(), f) != seen.end()) fail("flag %s is given twice", argv[i]);
-        seen.push_back(f);
+        check_flag_pair(argc, argv, i, seen, "-b 4");
         const char* v = argv[i + 1];
         const char* fl = argv[i];
         auto path = [&](std::string& out) {

@@ -233,7 +233,7 @@ int main() {
         run_ranks(3, "127.0.0.1:" + std::to_string(free_port()), {"a", "a", "a"}, codes, errs, quiet, {0, 1, 1});
         report("two processes claim rank 1: error", codes[0] == 1 && errs[0].find("two processes claim rank 1") != std::string::npos,
                first_line(errs[0]));
-        const double t0 = dist_now();
+        const double t0 = now_seconds();
         std::string err;
         const int code = in_child([] {
             setenv("GPT_RENDEZVOUS_TIMEOUT", "2", 1);
@@ -242,12 +242,12 @@ int main() {
             dist_rendezvous(d, "127.0.0.1:" + std::to_string(free_port()), "a", test_id);
         }, &err);
         report("rank 0 never comes: one error within the time limit (2 s)", code == 1 && err.find("cannot reach rank 0") != std::string::npos &&
-                                                                                  dist_now() - t0 < 10, first_line(err));
+                                                                                  now_seconds() - t0 < 10, first_line(err));
     }
     printf("the watchdog\n");
     {
         const std::string where = "127.0.0.1:" + std::to_string(free_port());
-        const double t0 = dist_now();
+        const double t0 = now_seconds();
         run_ranks(3, where, {"a", "a", "a"}, codes, errs, [](Dist& d) {
             dist_start_watchdog(d, 0);
             if (d.rank == 1) _exit(9);  // dies without a word
@@ -256,7 +256,7 @@ int main() {
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
             }
         });
-        const double took = dist_now() - t0;
+        const double took = now_seconds() - t0;
         const bool ok = codes[0] == 1 && codes[1] == 9 && codes[2] == 1 && errs[0].find("rank 1 ended") != std::string::npos &&
                         errs[2].find("rank 0 ended") != std::string::npos && count_lines(errs[0]) == 1 && took < 15;
         report("rank 1 dies: ranks 0 and 2 end with one line each", ok,

@@ -202,8 +202,7 @@ for prec in "${precisions[@]}"; do
             local name=$1 dir=$2 why="" f
             shift 2
             for f in state_00000020.bin model_00000020.bin; do cmp -s "$dir/$f" "$p/U/$f" || why+="$f differs; "; done
-            cat "$@" | grep -hE '^step +[0-9]+/' | sed -nE 's/^step +([0-9]+)\/[0-9]+ \| loss ([^ ]+) \| norm ([^ ]+) .*/\1 \2 \3/p' |
-                sort -n -u >"$p/merged.steps"
+            for f in "$@"; do steps_of "$f"; done | sort -n -u >"$p/merged.steps"
             # every step line a run printed is U's line for that step (a step run twice prints it twice)
             join <(sort -k1,1 "$p/merged.steps") <(sort -k1,1 "$p/u.steps") | awk '$2 != $4 || $3 != $5 { bad = 1 } END { exit bad }' ||
                 why+="a step's loss or norm differs from U's; "
