@@ -56,6 +56,27 @@ inline double measure_copy_bandwidth_gbs(size_t bytes = size_t(2) << 30) {
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
+// What a memory-bound kernel of `traffic` bytes (read + written) cannot beat at its size: a
+// device-to-device copy of the same traffic (traffic / 2 bytes copied) and an empty kernel launched
+// with the same grid and block, each timed like a benchmark row (median of 100 after 10). Prints two
+// rows in the labs' format: `label` then time, GB/s and % of the long copy's bandwidth.
+__global__ void lab_empty_kernel() {}
+inline void print_launch_floor(const char* dtype, int C, double traffic, int grid, int block, double copy_gbs) {
+    const size_t half = size_t(traffic / 2);
+    void *src = device_malloc(half, "floor copy source"), *dst = device_malloc(half, "floor copy target");
+    cuda_check(cudaMemset(src, 1, half));
+    const float copy_ms = time_median_ms([&] { cuda_check(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice)); }, 10, 100);
+    cuda_check(cudaFree(src));
+    cuda_check(cudaFree(dst));
+    const float empty_ms = time_median_ms([&] { lab_empty_kernel<<<grid, block>>>(); }, 10, 100);
+    cuda_check_launch();
+    const double gbs = traffic / (copy_ms * 1e-3) / 1e9;
+    printf("  %-10s %-6s %-8d %10.1f %10.1f %7.1f%%  (cudaMemcpy of the same bytes)\n", "copy", dtype, C, copy_ms * 1e3, gbs,
+           100.0 * gbs / copy_gbs);
+    printf("  %-10s %-6s %-8d %10.1f %10s %8s  (empty kernel, grid %d x %d threads)\n", "empty", dtype, C, empty_ms * 1e3, "-", "-",
+           grid, block);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tests: one tolerance check and one counter, shared by every dev program and test.
 

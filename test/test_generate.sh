@@ -7,13 +7,17 @@
 #   greedy       generate_gpt_fp32 with temperature 0 from that run's folder gives exactly the tokens
 #                gpt_reference.py generate gives for the same checkpoint and prompt (fp32, TF32 off);
 #                also from an llm.c model file of the same weights (gpt_reference.py export --format llmc)
+#   sampled      generate_gpt_fp32 with temperature 0.9, top-k 50 and a seed gives exactly the tokens
+#                gpt_reference.py generate gives with the same seed (the sampler is the same, draw for
+#                draw); at least 12 of the 48 are distinct, so the check compares real choices (greedy
+#                decoding of so small a model mostly repeats one token)
 #   sampling     generate_gpt_bf16 with the same seed twice: the same tokens; another seed: others
 # Without a GPU every check is reported as skipped. Ends with `N passed, N failed, N skipped`.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 checks=("own text: prepare_text.py" "own text: train_gpt on the shards" "greedy: CUDA = PyTorch" "greedy from an llm.c file"
-        "sampling: seeded")
+        "sampled: CUDA = PyTorch" "sampling: seeded")
 passed=0 failed=0 skipped=0
 if ! nvidia-smi -L >/dev/null 2>&1; then
     for c in "${checks[@]}"; do echo "$c: skipped (no CUDA device)"; skipped=$((skipped + 1)); done
@@ -60,6 +64,19 @@ report "greedy, 48 tokens: generate_gpt_fp32 = gpt_reference.py" "$([[ $rc1 -eq 
 "$PYTHON" gpt_reference.py export "$model" --format llmc --dtype fp32 --out "$tmp/llmc.bin" >/dev/null 2>&1
 timeout 120 ./generate_gpt_fp32 -e "$tmp/llmc.bin" -z "$tmp/tok.bin" -p "$prompt" -g 48 -tp 0 -ids 1 >"$tmp/llmc.txt" 2>&1
 report "greedy from the llm.c model file of the same weights" "$([[ -n $ours && $(ids_of "$tmp/llmc.txt") == "$ours" ]] && echo 1 || echo 0)" ""
+
+# ---- sampled: ours (fp32) against PyTorch, same seed
+timeout 120 ./generate_gpt_fp32 -e "$tmp/run" -z "$tmp/tok.bin" -p "$prompt" -g 48 -tp 0.9 -k 50 -sd 5 -ids 1 \
+    >"$tmp/ours_s.txt" 2>"$tmp/ours_s.err"
+rc1=$?
+GPT_MIRROR=${GPT_MIRROR:-} timeout 300 "$PYTHON" gpt_reference.py generate -e "$model" --prompt "$prompt" -n 48 --temperature 0.9 \
+    --top-k 50 --seed 5 --device cuda >"$tmp/torch_s.txt" 2>"$tmp/torch_s.err"
+rc2=$?
+ours=$(ids_of "$tmp/ours_s.txt") theirs=$(ids_of "$tmp/torch_s.txt")
+distinct=$(tr ' ' '\n' <<<"$ours" | grep . | sort -u | wc -l)
+report "sampled, 48 tokens, seed 5: generate_gpt_fp32 = gpt_reference.py" \
+    "$([[ $rc1 -eq 0 && $rc2 -eq 0 && -n $ours && $ours == "$theirs" && $distinct -ge 12 ]] && echo 1 || echo 0)" \
+    "exit codes $rc1, $rc2; $distinct distinct; ours: ${ours:0:60}...; PyTorch: ${theirs:0:60}..."
 
 # ---- seeded sampling
 n=0

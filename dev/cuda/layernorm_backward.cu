@@ -523,6 +523,44 @@ template <typename T> void column_sums_gemv(T* next_dbias, const T* dx, int N, i
     gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, 1, N, 1.0f, dx, C, blas_ones<T>(), N, 1.0f, next_dbias, C, 0);
 }
 
+// --floor: the header's two launches timed apart (its vector kernel, its finalize), a copy of the same
+// bytes and an empty launch of the kernel's grid and block: where a short row's time goes.
+bool g_floor = false;
+
+template <typename T>
+void benchmark_floor(int N, int C, T* dx, T* dw, T* db, void* scratch, const T* dy, const T* x, const T* w, const float* mean,
+                     const float* rstd, double bytes, double copy_gbs) {
+    using namespace layernorm_detail;
+    constexpr bool P = kBackwardPrefetch<T>;
+    const int wpr = backward_warps_per_row<T>(C);
+    if (!wpr) return;
+    const BackwardShape shape = backward_vec_shape_any<T, P, false>(N, C, wpr);
+    float* partials = static_cast<float*>(scratch);
+    int block = 0;
+    auto kernel = [&] {
+        switch (wpr) {
+#define LN_BWD(W)                                                                                                  \
+    case W:                                                                                                        \
+        block = backward_block_threads<W>();                                                                       \
+        layernorm_backward_vec_kernel<T, W, P, false><<<shape.grid, block, shape.smem>>>(dx, partials, dy, x, w, mean, \
+                                                                                        rstd, N, C);               \
+        break;
+            LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16)
+#undef LN_BWD
+        }
+    };
+    auto finalize = [&] {
+        layernorm_backward_finalize_kernel<T, false><<<(C + 31) / 32, dim3(32, 32)>>>(dw, db, nullptr, partials, shape.grid, C);
+    };
+    const float kernel_ms = time_median_ms(kernel, 10, 100), finalize_ms = time_median_ms(finalize, 10, 100);
+    cuda_check_launch();
+    const double gbs = bytes / (kernel_ms * 1e-3) / 1e9;
+    printf("  %-10s %-6s %-8d %10.1f %10.1f %7.1f%%  (its vector kernel alone, grid %d)\n", "8 kernel", dtype_name<T>(), C,
+           kernel_ms * 1e3, gbs, 100.0 * gbs / copy_gbs, shape.grid);
+    printf("  %-10s %-6s %-8d %10.1f %10s %8s  (its finalize alone)\n", "8 finalize", dtype_name<T>(), C, finalize_ms * 1e3, "-", "-");
+    print_launch_floor(dtype_name<T>(), C, bytes, shape.grid, block, copy_gbs);
+}
+
 // Rows of versions 7 and 8: plain, with next_dbias (fused), plain then the separate pass (gemv).
 enum class Colsum { none, fused, gemv };
 
@@ -566,6 +604,9 @@ template <typename T> void benchmark(const std::vector<int>& versions, int N, co
                 printf("  %-10s %-6s %-8d %10.1f %10.1f %7.1f%%%s%s\n", label, dtype_name<T>(), C, ms * 1e3, gbs,
                        100.0 * gbs / copy_gbs, note ? "  " : "", note ? note : "");
             }
+        if (g_floor)
+            benchmark_floor<T>(N, C, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr, d_rstd.ptr,
+                               bytes, copy_gbs);
     }
 }
 
@@ -580,6 +621,8 @@ void usage(FILE* f) {
             "  -N rows       benchmark rows (default 65536)\n"
             "  -C cols       benchmark row length (default: 768 1024 1600 2048 4096)\n"
             "  --dtype T     benchmark fp32 or bf16 only (default: both)\n"
+            "  --floor       benchmark: also the header's kernel and finalize timed apart, a copy of the same bytes\n"
+            "                and an empty launch of the kernel's shape\n"
             "  -h            this message\n",
             kNumVersions);
 }
@@ -625,6 +668,8 @@ int main(int argc, char** argv) {
             Cs = {parse_int(value(), "-C", 1, usage)};
         } else if (a == "--dtype") {
             bf16 = parse_dtype_is_bf16(value(), usage), fp32 = !bf16;
+        } else if (a == "--floor") {
+            g_floor = true;
         } else if (!a.empty() && a[0] != '-') {
             versions.push_back(parse_int(a.c_str(), "version", 1, usage));
         } else {

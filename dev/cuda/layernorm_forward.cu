@@ -66,6 +66,7 @@ int g_wpr = 0;
 bool g_stream_loads = false;
 int g_min_block = 0;
 int g_out_offset_kib = 0;
+bool g_floor = false;  // --floor: also a copy of the same bytes and an empty launch of the header's shape
 
 // ---------------------------------------------------------------------------------------------
 // Version 1: one thread per row.
@@ -440,6 +441,11 @@ template <typename T> void benchmark(const std::vector<int>& versions, bool resi
             printf("  %-8d %-6s %-8d %10.1f %10.1f %7.1f%%%s%s\n", v, dtype_name<T>(), C, ms * 1e3, gbs, 100.0 * gbs / copy_gbs,
                    note ? "  " : "", note ? note : "");
         }
+        const int wpr = layernorm_detail::forward_warps_per_row<T>(C);
+        if (g_floor && wpr && !residual) {  // the header's vector launch: blocks of max(32 wpr, its minimum) threads
+            const int block = std::max(32 * wpr, layernorm_detail::kForwardMinBlockOf<T>), rows = block / (32 * wpr);
+            print_launch_floor(dtype_name<T>(), C, bytes, (N + rows - 1) / rows, block, copy_gbs);
+        }
     }
 }
 
@@ -458,6 +464,7 @@ void usage(FILE* f) {
             "  --stream-loads  version 5 with streaming (evict-first) loads of x instead of plain ones (experiment)\n"
             "  --min-block B  version 5 with blocks of at least B threads: 32 (one row group) or 256 (experiment)\n"
             "  --out-offset K  benchmark: out starts K KiB into its allocation (address placement experiments)\n"
+            "  --floor       benchmark: also time a copy of the same bytes and an empty launch of the header's shape\n"
             "  -h            this message\n",
             kNumVersions, kNumResidualVersions);
 }
@@ -505,6 +512,8 @@ int main(int argc, char** argv) {
             g_wpr = parse_int(value(), "--wpr", 1, usage);
             if (g_wpr & (g_wpr - 1) || g_wpr > layernorm_detail::kForwardMaxWarpsPerRow)
                 fail("--wpr must be 1, 2, 4, 8 or 16, got %d", g_wpr);
+        } else if (a == "--floor") {
+            g_floor = true;
         } else if (a == "--stream-loads") {
             g_stream_loads = true;
         } else if (a == "--min-block") {
