@@ -45,29 +45,29 @@ template <typename F> float time_median_ms(F run, int warmup = 10, int reps = 50
     return ms[reps / 2];
 }
 
+// Median milliseconds of a device-to-device cudaMemcpy of `bytes` (fresh buffers, freed after).
+inline float time_copy_ms(size_t bytes, int warmup, int reps) {
+    void *src = device_malloc(bytes, "copy source"), *dst = device_malloc(bytes, "copy target");
+    cuda_check(cudaMemset(src, 1, bytes));
+    const float ms = time_median_ms([&] { cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, warmup, reps);
+    cuda_check(cudaFree(src));
+    cuda_check(cudaFree(dst));
+    return ms;
+}
+
 // Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured in the same run as
 // a benchmark so kernels are reported as a fraction of what this card does today.
 inline double measure_copy_bandwidth_gbs(size_t bytes = size_t(2) << 30) {
-    void *src = device_malloc(bytes, "copy-bandwidth source"), *dst = device_malloc(bytes, "copy-bandwidth target");
-    cuda_check(cudaMemset(src, 1, bytes));
-    float ms = time_median_ms([&] { cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 3, 20);
-    cuda_check(cudaFree(src));
-    cuda_check(cudaFree(dst));
-    return 2.0 * bytes / (ms * 1e-3) / 1e9;
+    return 2.0 * bytes / (time_copy_ms(bytes, 3, 20) * 1e-3) / 1e9;
 }
 
 // What a memory-bound kernel of `traffic` bytes (read + written) cannot beat at its size: a
 // device-to-device copy of the same traffic (traffic / 2 bytes copied) and an empty kernel launched
 // with the same grid and block, each timed like a benchmark row (median of 100 after 10). Prints two
-// rows in the labs' format: `label` then time, GB/s and % of the long copy's bandwidth.
+// rows in the labs' format: a name, dtype and C, then time, GB/s and % of the long copy's bandwidth.
 __global__ void lab_empty_kernel() {}
 inline void print_launch_floor(const char* dtype, int C, double traffic, int grid, int block, double copy_gbs) {
-    const size_t half = size_t(traffic / 2);
-    void *src = device_malloc(half, "floor copy source"), *dst = device_malloc(half, "floor copy target");
-    cuda_check(cudaMemset(src, 1, half));
-    const float copy_ms = time_median_ms([&] { cuda_check(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice)); }, 10, 100);
-    cuda_check(cudaFree(src));
-    cuda_check(cudaFree(dst));
+    const float copy_ms = time_copy_ms(size_t(traffic / 2), 10, 100);
     const float empty_ms = time_median_ms([&] { lab_empty_kernel<<<grid, block>>>(); }, 10, 100);
     cuda_check_launch();
     const double gbs = traffic / (copy_ms * 1e-3) / 1e9;
