@@ -24,13 +24,17 @@
 // Errors. Every failure a user can cause ends in one line on stderr and exit code 1; never an assert
 // or a core dump.
 
+// The line is written in one piece: ranks of a multi-GPU run that share a terminal or a log file
+// then never interleave their messages mid-line.
 [[noreturn]] inline void fail(const char* fmt, ...) {
+    char line[4096] = "error: ";
+    const size_t prefix = strlen(line);
     va_list args;
     va_start(args, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
+    vsnprintf(line + prefix, sizeof(line) - prefix - 1, fmt, args);
     va_end(args);
+    strcat(line, "\n");
+    fwrite(line, 1, strlen(line), stderr);
     exit(1);
 }
 

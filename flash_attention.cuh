@@ -108,6 +108,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Eight fp32 values as four bf16 pairs: register i holds v[2 i] (low half) and v[2 i + 1]. Applied to
+// accumulator elements 8 kk .. 8 kk + 7 (two adjacent 8-column tiles) it gives the A fragment of the
+// 16-wide k slice kk (the layout below).
+__device__ __forceinline__ void pack8_bf16(uint32_t (&r)[4], const float* v) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) r[i] = pack_bf16(v[2 * i], v[2 * i + 1]);
+}
+
 // Fragment layout of mma m16n8k16 (lane = 4 g + c): accumulator element e of a 16x8 tile sits at
 // row g + 8 (e / 2), column 2 c + e % 2; A register i holds row g + 8 (i % 2), columns 2 c + 8 (i / 2)
 // + {0, 1}; B register i holds k rows 2 c + 8 i + {0, 1}, column g.
@@ -552,10 +560,7 @@ __global__ void __launch_bounds__(NWG * 128)
             uint32_t pa[W / 16][4];
 #pragma unroll
             for (int kk = 0; kk < W / 16; kk++) {
-                pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+                pack8_bf16(pa[kk], s + 8 * kk);
             }
             wgmma_fence();
 #pragma unroll
@@ -1216,10 +1221,7 @@ __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
         uint32_t pa[BQ / 16][4], pb[BQ / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
-            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+            pack8_bf16(pa[kk], s + 8 * kk);
         }
         wgmma_wait<0>();
         keep_regs(dp);
@@ -1232,10 +1234,7 @@ __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
         uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
-            pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
-            pb[kk][1] = pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
-            pb[kk][2] = pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
-            pb[kk][3] = pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
+            pack8_bf16(pb[kk], dp + 8 * kk);
             // pb[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
             tile[(kk * (BK / 16) + warp) * 32 + lane] =
                 make_uint4(transpose8x8(pb[kk][0]), transpose8x8(pb[kk][2]), transpose8x8(pb[kk][1]), transpose8x8(pb[kk][3]));

@@ -105,7 +105,8 @@ template <int WPR, int BLOCK> __device__ __forceinline__ float2 row_group_sum2(f
     }
 }
 
-template <int WPR, int MIN = kForwardMinBlock> __host__ __device__ constexpr int block_threads() { return 32 * WPR > MIN ? 32 * WPR : MIN; }
+__host__ __device__ constexpr int block_threads_of(int wpr, int min_block) { return 32 * wpr > min_block ? 32 * wpr : min_block; }
+template <int WPR, int MIN = kForwardMinBlock> __host__ __device__ constexpr int block_threads() { return block_threads_of(WPR, MIN); }
 template <int WPR> __host__ __device__ constexpr int backward_block_threads() { return block_threads<WPR, kBackwardMinBlock>(); }
 
 // ---------------------------------------------------------------------------------------------
@@ -612,21 +613,34 @@ inline int backward_general_grid(int N, int C, int sections = 2) {
     return (int)std::max<size_t>(1, std::min<size_t>({size_t(N), size_t(2) * device_sm_count(), cap}));
 }
 
+inline int backward_block_threads_any(int wpr) { return block_threads_of(wpr, kBackwardMinBlock); }
+
+// The vector kernel alone, with wpr = backward_warps_per_row<T>(C) warps per row; returns its grid
+// (the number of partial rows it wrote).
+template <typename T, bool PREFETCH, bool COLSUM>
+int backward_vec_launch(T* dinp, float* partials, const T* dout, const T* inp, const T* weight, const float* mean,
+                        const float* rstd, int N, int C, int wpr, cudaStream_t stream) {
+    const BackwardShape shape = backward_vec_shape_any<T, PREFETCH, COLSUM>(N, C, wpr);
+#define LN_BWD(W)                                                                                                 \
+    case W:                                                                                                       \
+        layernorm_backward_vec_kernel<T, W, PREFETCH, COLSUM><<<shape.grid, backward_block_threads<W>(), shape.smem, \
+                                                                stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C); \
+        break;
+    switch (wpr) {
+        LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16)
+        default: fail("layernorm_backward: bad warps per row %d", wpr);
+    }
+#undef LN_BWD
+    return shape.grid;
+}
+
 template <typename T, bool PREFETCH, bool COLSUM>
 void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, float* partials, const T* dout, const T* inp,
                               const T* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
     const int wpr = backward_warps_per_row<T>(C);
     int P = 0;
     if (wpr && vector_ok<T>(C, {dinp, dout, inp, weight})) {
-        const BackwardShape shape = backward_vec_shape_any<T, PREFETCH, COLSUM>(N, C, wpr);
-        P = shape.grid;
-#define LN_BWD(W)                                                                                                 \
-    case W:                                                                                                       \
-        layernorm_backward_vec_kernel<T, W, PREFETCH, COLSUM><<<P, backward_block_threads<W>(), shape.smem, stream>>>( \
-            dinp, partials, dout, inp, weight, mean, rstd, N, C);                                                 \
-        break;
-        switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }
-#undef LN_BWD
+        P = backward_vec_launch<T, PREFETCH, COLSUM>(dinp, partials, dout, inp, weight, mean, rstd, N, C, wpr, stream);
     } else {
         P = backward_general_grid(N, C, COLSUM ? 3 : 2);
         layernorm_backward_general_kernel<T, COLSUM>

@@ -1977,17 +1977,22 @@ int main(int argc, char** argv) {
         train.seek(before_stage.epoch, before_stage.cursor);
         micro_of_step = before_stage.micro, staged = -1;
     };
+    // The run's last steps, at a normal end or a stop: close the logs, then tell the other ranks this
+    // one is done (so that none takes its end for a failure).
+    auto close_run = [&] {
+        if (log) fclose(log);
+        if (metrics) fclose(metrics);
+#if !defined(NO_NCCL)
+        dist_finish(dist);
+#endif
+    };
     auto stop_now = [&](int step) {
         unstage();
         if (!o.out_dir.empty() && last_checkpoint != step) checkpoint(step);
         if (lead)
             printf("stopped at step %d by a signal%s\n", step,
                    o.out_dir.empty() ? " (no -o: nothing saved)" : ": resume with the same flags and -y 1");
-        if (log) fclose(log);
-        if (metrics) fclose(metrics);
-#if !defined(NO_NCCL)
-        dist_finish(dist);
-#endif
+        close_run();
         exit(kExitStopped);
     };
 
@@ -2108,11 +2113,7 @@ int main(int argc, char** argv) {
                    "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);
         profiler().report();
     }
-    if (log) fclose(log);
-    if (metrics) fclose(metrics);
-#if !defined(NO_NCCL)
-    dist_finish(dist);
-#endif
+    close_run();
     gpt_free(m);
     return 0;
 }

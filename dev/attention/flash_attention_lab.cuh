@@ -107,10 +107,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
         uint32_t pa[BQ / 16][4], pb[BQ / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
-            pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+            pack8_bf16(pa[kk], s + 8 * kk);
         }
         wgmma_wait<0>();
         keep_regs(dp);
@@ -127,10 +124,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
         uint4* tile = ds + ds_tile_index(b, h, NH, n_qt, qt, kb) * kDsTileVecs;
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
-            pb[kk][0] = pack_bf16(dp[8 * kk + 0], dp[8 * kk + 1]);
-            pb[kk][1] = pack_bf16(dp[8 * kk + 2], dp[8 * kk + 3]);
-            pb[kk][2] = pack_bf16(dp[8 * kk + 4], dp[8 * kk + 5]);
-            pb[kk][3] = pack_bf16(dp[8 * kk + 6], dp[8 * kk + 7]);
+            pack8_bf16(pb[kk], dp + 8 * kk);
             // pb[i]: key g + 8 (i % 2) x queries 2 c4 + 8 (i / 2) + {0, 1}; transposed: dq's A 0, 2, 1, 3
             tile[(kk * (BK / 16) + warp) * 32 + lane] =
                 make_uint4(transpose8x8(pb[kk][0]), transpose8x8(pb[kk][2]), transpose8x8(pb[kk][1]), transpose8x8(pb[kk][3]));

@@ -534,31 +534,20 @@ void benchmark_floor(int N, int C, T* dx, T* dw, T* db, void* scratch, const T* 
     constexpr bool P = kBackwardPrefetch<T>;
     const int wpr = backward_warps_per_row<T>(C);
     if (!wpr) return;
-    const BackwardShape shape = backward_vec_shape_any<T, P, false>(N, C, wpr);
     float* partials = static_cast<float*>(scratch);
-    int block = 0;
-    auto kernel = [&] {
-        switch (wpr) {
-#define LN_BWD(W)                                                                                                  \
-    case W:                                                                                                        \
-        block = backward_block_threads<W>();                                                                       \
-        layernorm_backward_vec_kernel<T, W, P, false><<<shape.grid, block, shape.smem>>>(dx, partials, dy, x, w, mean, \
-                                                                                        rstd, N, C);               \
-        break;
-            LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16)
-#undef LN_BWD
-        }
-    };
+    int grid = 0;
+    auto kernel = [&] { grid = backward_vec_launch<T, P, false>(dx, partials, dy, x, w, mean, rstd, N, C, wpr, 0); };
     auto finalize = [&] {
-        layernorm_backward_finalize_kernel<T, false><<<(C + 31) / 32, dim3(32, 32)>>>(dw, db, nullptr, partials, shape.grid, C);
+        layernorm_backward_finalize_kernel<T, false><<<(C + 31) / 32, dim3(32, 32)>>>(dw, db, nullptr, partials, grid, C);
     };
+    kernel();  // sets grid, which the finalize sums over
     const float kernel_ms = time_median_ms(kernel, 10, 100), finalize_ms = time_median_ms(finalize, 10, 100);
     cuda_check_launch();
     const double gbs = bytes / (kernel_ms * 1e-3) / 1e9;
     printf("  %-10s %-6s %-8d %10.1f %10.1f %7.1f%%  (its vector kernel alone, grid %d)\n", "8 kernel", dtype_name<T>(), C,
-           kernel_ms * 1e3, gbs, 100.0 * gbs / copy_gbs, shape.grid);
+           kernel_ms * 1e3, gbs, 100.0 * gbs / copy_gbs, grid);
     printf("  %-10s %-6s %-8d %10.1f %10s %8s  (its finalize alone)\n", "8 finalize", dtype_name<T>(), C, finalize_ms * 1e3, "-", "-");
-    print_launch_floor(dtype_name<T>(), C, bytes, shape.grid, block, copy_gbs);
+    print_launch_floor(dtype_name<T>(), C, bytes, grid, backward_block_threads_any(wpr), copy_gbs);
 }
 
 // Rows of versions 7 and 8: plain, with next_dbias (fused), plain then the separate pass (gemv).
