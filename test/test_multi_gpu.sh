@@ -5,34 +5,25 @@
 #                 loss and the first step's norm within 1e-2 (see close); the same
 #                 over sockets alone (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: how nodes without
 #                 InfiniBand talk)
+#   mpirun        where it is installed: mpirun -np 2 gives the fp32 run's step lines bit for bit
 #   determinism   the 2-GPU run twice: the same step lines and final state file, byte for byte
 #   resume        saved on 2 at step 10, resumed on 2: the same bits as the run never stopped;
 #                 resumed on 1: within the bf16 equivalence bounds
 #   failures      kill -9 of rank 1: rank 0 ends with one line within 60 s; ranks started with
 #                 different flags are refused; more ranks than GPUs is an error
-# Needs 2 GPUs; elsewhere every check says `skipped (needs 2 GPUs)`. Ends with `N passed, N failed, N skipped`.
+# Needs 2 GPUs; elsewhere every check but the comparator's own says `skipped (needs 2 GPUs)`. Ends with `N passed, N failed, N skipped`.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-checks=("equivalence fp32" "equivalence bf16" "equivalence over sockets" "determinism" "resume on 2" "resume on 1"
+checks=("equivalence fp32" "equivalence bf16" "mpirun" "equivalence over sockets" "determinism" "resume on 2" "resume on 1"
         "kill one rank" "different flags" "more ranks than GPUs")
 passed=0 failed=0 skipped=0
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [[ $gpus -lt 2 ]]; then
-    for c in "${checks[@]}"; do echo "multi-GPU $c: skipped (needs 2 GPUs, found $gpus)"; skipped=$((skipped + 1)); done
-    echo "$passed passed, $failed failed, $skipped skipped"
-    exit 0
-fi
-export NCCL_NVLS_ENABLE=0  # NVLink multicast buys nothing at these sizes
-export MASTER_PORT=$((20000 + RANDOM % 20000))
 report() {
     if [[ $2 -eq 1 ]]; then passed=$((passed + 1)); printf '  %-66s ok    %s\n' "$1" "$3"
     else failed=$((failed + 1)); printf '  %-66s FAIL  %s\n' "$1" "$3"; fi
 }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$PYTHON" test/train_inputs.py tokens "$tmp/train.bin" 300000 --vocab 50257 --seed 1
-"$PYTHON" test/train_inputs.py tokens "$tmp/val.bin" 20000 --vocab 50257 --seed 2
 run=(-e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 256 -d 4096 -x 20 -u 5 -l 6e-4 -q 1 -v 10 -m 2 -s 0 -sd 3)
 steps_of() { sed -nE 's/^step +([0-9]+)\/[0-9]+ \| loss ([^ ]+) \| norm ([^ ]+) .*/\1 \2 \3/p' "$1"; }
 # close NAME A B TOL MIN WHAT: every step line of log B against log A's line of the same step, over
@@ -55,12 +46,53 @@ close() {
     [[ $ok -eq 1 ]] || join -j 1 <(steps_of "$2" | sort -k1,1) <(steps_of "$3" | sort -k1,1) | sort -n |
         awk '{ printf "      step %3d  loss %s  %s  norm %s  %s\n", $1, $2, $4, $3, $5 }'
 }
+
+# The comparator needs no GPU, so it is checked everywhere, on made-up logs: it must pass a match, a
+# log resumed at step 11 and (WHAT=loss) a norm off after the first step, and fail a loss 1.3% off at
+# one step, a log with a step missing and (WHAT=loss) a norm off at the first step.
+for i in $(seq 1 20); do echo "step $i/20 | loss $((20 + i)).5 | norm 1.$i | lr 1"; done >"$tmp/made_up"
+tail -n 10 "$tmp/made_up" >"$tmp/made_up_resumed"
+sed 's/loss 30.5 /loss 30.9 /' "$tmp/made_up" >"$tmp/made_up_drift"
+sed '/^step 7\//d' "$tmp/made_up" >"$tmp/made_up_gap"
+sed 's/norm 1.5 /norm 1.9 /' "$tmp/made_up" >"$tmp/made_up_norm_late"
+sed 's/norm 1.1 /norm 1.9 /' "$tmp/made_up" >"$tmp/made_up_norm_first"
+verdicts=$(passed=0 failed=0
+    close match "$tmp/made_up" "$tmp/made_up" 1e-2 20 all
+    close resumed "$tmp/made_up" "$tmp/made_up_resumed" 1e-2 10 loss
+    close drift "$tmp/made_up" "$tmp/made_up_drift" 1e-2 20 loss
+    close gap "$tmp/made_up_gap" "$tmp/made_up" 1e-2 10 all
+    close late "$tmp/made_up" "$tmp/made_up_norm_late" 1e-2 20 loss
+    close first "$tmp/made_up" "$tmp/made_up_norm_first" 1e-2 20 loss)
+report "the step comparator on made-up logs: 3 to pass, 3 to fail" \
+    "$([[ $(grep -oE '^  [a-z]+ +(ok|FAIL)' <<<"$verdicts" | awk '{ printf "%s:%s ", $1, $2 }') == \
+         "match:ok resumed:ok drift:FAIL gap:FAIL late:ok first:FAIL " ]] && echo 1 || echo 0)" ""
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [[ $gpus -lt 2 ]]; then
+    for c in "${checks[@]}"; do echo "multi-GPU $c: skipped (needs 2 GPUs, found $gpus)"; skipped=$((skipped + 1)); done
+    echo "$passed passed, $failed failed, $skipped skipped"
+    exit 0
+fi
+export NCCL_NVLS_ENABLE=0  # NVLink multicast buys nothing at these sizes
+export MASTER_PORT=$((20000 + RANDOM % 20000))
+"$PYTHON" test/train_inputs.py tokens "$tmp/train.bin" 300000 --vocab 50257 --seed 1
+"$PYTHON" test/train_inputs.py tokens "$tmp/val.bin" 20000 --vocab 50257 --seed 2
 for prec in fp32 bf16; do
     tol=$([[ $prec == fp32 ]] && echo "1e-5 20 all" || echo "1e-2 20 loss")
     ./train_gpt_$prec "${run[@]}" >"$tmp/one_$prec.log" 2>&1
     timeout 300 scripts/launch.sh 2 ./train_gpt_$prec "${run[@]}" >"$tmp/two_$prec.log" 2>&1
     close "equivalence $prec: 2 GPUs against 1 GPU with accumulation" "$tmp/two_$prec.log" "$tmp/one_$prec.log" $tol
 done
+# mpirun starts the same run (the ranks from OMPI_COMM_WORLD_*; they still meet over TCP).
+if command -v mpirun >/dev/null; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun -np 2 ./train_gpt_fp32 "${run[@]}" \
+        >"$tmp/mpi.log" 2>&1
+    report "mpirun -np 2: the same steps, bit for bit, as scripts/launch.sh" \
+        "$(steps_of "$tmp/mpi.log" | grep -q . && cmp -s <(steps_of "$tmp/mpi.log") <(steps_of "$tmp/two_fp32.log") && echo 1 || echo 0)" \
+        "$(grep -m1 -E '^error|^data parallel' "$tmp/mpi.log")"
+else
+    skipped=$((skipped + 1)); printf '  %-66s skipped (no mpirun on PATH)\n' "mpirun -np 2"
+fi
 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout 300 scripts/launch.sh 2 ./train_gpt_fp32 "${run[@]}" >"$tmp/socket.log" 2>&1
 close "equivalence fp32 over sockets (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)" "$tmp/socket.log" "$tmp/one_fp32.log" 1e-5 20 all
 
