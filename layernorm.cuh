@@ -626,10 +626,7 @@ int backward_vec_launch(T* dinp, float* partials, const T* dout, const T* inp, c
         layernorm_backward_vec_kernel<T, W, PREFETCH, COLSUM><<<shape.grid, backward_block_threads<W>(), shape.smem, \
                                                                 stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C); \
         break;
-    switch (wpr) {
-        LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16)
-        default: fail("layernorm_backward: bad warps per row %d", wpr);
-    }
+    switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }  // (backward_vec_shape_any refused any other)
 #undef LN_BWD
     return shape.grid;
 }
