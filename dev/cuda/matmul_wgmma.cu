@@ -1,0 +1,601 @@
+// matmul_wgmma.cu: a GEMM of our own on Hopper's tensor-memory accelerator (TMA) and warpgroup MMA
+// (wgmma), beside cuBLAS at the shapes of GPT-2's forward matmuls.
+//
+//   make dev/cuda/matmul_wgmma
+//   ./dev/cuda/matmul_wgmma            validate, then benchmark (bf16, 65536 rows)
+//   ./dev/cuda/matmul_wgmma --check    validation only (skips without an sm_90 GPU)
+//   ./dev/cuda/matmul_wgmma -h         the usage (--rows, --group, --no-validate)
+//
+// Why a GEMM of our own: the training step's matmuls are cuBLAS's and run at its rate, and what is
+// left around them (the classifier's pass over the logits, GELU's pre-activation, the LayerNorm
+// outputs) can only go away inside a GEMM's prologue or epilogue, which cuBLAS does not offer. Such
+// fusions pay only if the GEMM itself keeps cuBLAS's pace; this lab measures whether ours does.
+//
+// The product: out (M, N) = a (M, K) b (N, K)^T, bf16 in, fp32 accumulation, bf16 out, every matrix
+// row-major (the forward of a linear layer: a = the input, b = the weight). K and N multiples of 8
+// (16-byte rows for the TMA), M any.
+//
+// Versions (each validated against a double-precision CPU reference, and against cuBLAS at the
+// benchmark shapes):
+//   1  the header (matmul_forward without bias: tuned cuBLASLt), what training runs.
+//   2-7 ours, one kernel (gemm_tma_wgmma_kernel) in six configurations: a persistent kernel, one
+//      block an SM, output tiles of 128 x 256 taken in groups of --group row tiles (the b tiles of a
+//      group stay in L2). Warp-specialized: one warpgroup loads k-slices of 64 (a: 128 x 64, b: 256 x
+//      64, 48 KiB) by TMA into a ring of stages, each guarded by a pair of mbarriers (full: the TMA's
+//      bytes arrived; empty: the consumers are done with it); two warpgroups each multiply 64 rows of
+//      the tile by all 256 columns (wgmma m64n256k16 from 128-byte-swizzled shared memory, the layout
+//      the TMA writes), 128 fp32 accumulators a thread, while the loader fills the next stages.
+//   2  4 stages; each thread stores its accumulators to global memory itself.
+//   3  3 stages; the outputs leave through shared memory by TMA stores (32 KiB a consumer).
+//   4  4 stages; the same in two halves (16 KiB a consumer, which leaves room for the fourth stage).
+//   5  3's blocks in pairs (thread-block clusters) on vertically adjacent tiles.
+//   6  5, the pair loading its shared b tile once (TMA multicast).
+//   7  4's blocks in pairs, b multicast.
+// What they measured (H100, 2026-11-25) is in docs/matmul.md: the TMA stores took ours from ~0.55x
+// to ~0.75-0.9x of cuBLAS's rate at these shapes, the pairs to ~0.84-0.93x.
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "common.cuh"
+#include "dev/lab.cuh"
+#include "flash_attention.cuh"  // smem_u32, sw128_desc, the wgmma fences and waits, keep_regs,
+                                // fence_proxy_async_smem
+#include "matmul.cuh"
+
+using bf16 = __nv_bfloat16;
+using flash_detail::fence_proxy_async_smem;
+using flash_detail::keep_regs;
+using flash_detail::smem_u32;
+using flash_detail::sw128_desc;
+using flash_detail::wgmma_commit;
+using flash_detail::wgmma_fence;
+using flash_detail::wgmma_wait;
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers: mbarriers, the TMA, register reallocation, one wgmma shape.
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// One arrival that also tells the barrier how many bytes the TMA will deliver in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Waits until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    const uint32_t addr = smem_u32(bar);
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+}
+// A box of the tensor map at (c0 = column, c1 = row) into shared memory; its bytes complete on bar.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+            smem_u32(dst)),
+        "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// d (64 x 256, fp32) = A (64 x 16, shared, K-major) B^T (B: 256 x 16, shared, K-major) + (accumulate ? d : 0).
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Versions 2-7: one kernel, four choices.
+//   STAGES      the ring's depth (48 KiB a stage).
+//   STORE_COLS  0: each thread stores its accumulators to global memory directly. 128 or 256: the
+//               outputs go through shared memory (64 x 64 boxes, 128-byte swizzled: the accumulator
+//               fragments land there without bank conflicts) and leave by TMA stores that run while
+//               the warpgroup goes on; 256 stages a consumer's whole 64 x 256 at once (32 KiB each),
+//               128 half of it at a time (16 KiB each, leaving room for a fourth stage).
+//   CLUSTER     2: blocks in pairs (a thread-block cluster, on one GPC) taking vertically adjacent
+//               tiles, which share their b tile.
+//   MULTICAST   the pair loads that b tile once: each block half of it, which the TMA multicasts to
+//               both, so L2 serves 2/3 of the bytes (a stage of the pair: 2 x 16 KiB of a
+//               and 32 KiB of b, against 2 x 48 KiB). A stage is refilled only when both blocks'
+//               consumers are done with it: each consumer warp arrives on both blocks' empty barriers,
+//               with the plain (CTA-scope release) arrive. A cluster-scope release there (an
+//               `mbarrier.arrive.release.cluster`) halved the kernel's speed.
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kThreads = 384;
+constexpr int kTileA = kBM * kBK * 2, kTileB = kBN * kBK * 2;  // bytes of one stage's a and b
+template <int STAGES, int STORE_COLS> constexpr size_t smem_bytes() {
+    return size_t(STAGES) * (kTileA + kTileB) + 2 * (64 * STORE_COLS * 2) + 2 * STAGES * sizeof(uint64_t) + 1024;
+}
+constexpr size_t kMaxSmemBytes = 227 * 1024;  // a block's dynamic shared memory on compute capability 9.0
+
+// Output tile t of the persistent loop, in units of `unit_rows` rows: groups of `group` row units,
+// and within a group the row unit changes fastest, so the blocks running at once share a few b tiles
+// (and a tiles) through L2.
+__device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int group, int unit_rows, int& m0, int& n0) {
+    const int group_tiles = group * num_n, g = t / group_tiles, first = g * group;
+    const int rows = min(num_m - first, group), local = t - g * group_tiles;
+    m0 = (first + local % rows) * unit_rows;
+    n0 = (local / rows) * kBN;
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrives on the barrier at the same shared address in block `rank` of this cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+                 "r"(rank)
+                 : "memory");
+}
+// As tma_load_2d, into the same shared address of every block in `mask`, completing on each one's bar.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(
+            smem_u32(dst)),
+        "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+        : "memory");
+}
+
+template <int STAGES, int STORE_COLS, int CLUSTER, bool MULTICAST>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_tma_wgmma_kernel(bf16* out, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          const __grid_constant__ CUtensorMap map_out, int M, int N, int K, int group) {
+    static_assert(STORE_COLS == 0 || STORE_COLS == 128 || STORE_COLS == 256, "staging width");
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster size");
+    static_assert(!MULTICAST || CLUSTER == 2, "multicast within a pair");
+#ifdef FLASH_HAVE_WGMMA
+    constexpr int kStaging = 64 * STORE_COLS * 2;  // bytes, per consumer
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
+    unsigned char* s_a = smem;                                                       // STAGES x kTileA
+    unsigned char* s_b = smem + STAGES * kTileA;                                     // STAGES x kTileB
+    unsigned char* s_out = s_b + STAGES * kTileB;                                    // 2 x kStaging
+    uint64_t* full = reinterpret_cast<uint64_t*>(s_out + 2 * kStaging);
+    uint64_t* empty = full + STAGES;
+    const int warpgroup = threadIdx.x / 128;
+    const uint32_t rank = CLUSTER > 1 ? cluster_rank() : 0;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);              // the loader's arrive.expect_tx; then the TMA's bytes
+            mbar_init(&empty[s], MULTICAST ? 8 * CLUSTER : 8);  // each consumer warp (of the cluster), done with the stage
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if constexpr (CLUSTER > 1) cluster_sync();  // no multicast or remote arrival before every barrier exists
+    else __syncthreads();
+    const int num_m = (M + kBM * CLUSTER - 1) / (kBM * CLUSTER), num_n = (N + kBN - 1) / kBN, tiles = num_m * num_n;
+    const int k_slices = (K + kBK - 1) / kBK, first_tile = blockIdx.x / CLUSTER, tile_step = gridDim.x / CLUSTER;
+
+    if (warpgroup == 0) {  // the loader: one thread issues every copy
+        setmaxnreg_dec<40>();
+        if (threadIdx.x == 0) {
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int t = first_tile; t < tiles; t += tile_step) {
+                int m0, n0;
+                tile_origin(t, num_m, num_n, group, kBM * CLUSTER, m0, n0);
+                for (int ks = 0; ks < k_slices; ks++) {
+                    mbar_wait(&empty[stage], phase ^ 1);  // a fresh barrier's "previous phase" counts as done
+                    mbar_arrive_expect_tx(&full[stage], kTileA + kTileB);  // out-of-range rows arrive as zeros, counted
+                    tma_load_2d(s_a + stage * kTileA, &map_a, &full[stage], ks * kBK, m0 + rank * kBM);
+                    if constexpr (MULTICAST)
+                        tma_load_2d_multicast(s_b + stage * kTileB + rank * (kTileB / 2), &map_b, &full[stage], ks * kBK,
+                                              n0 + rank * (kBN / 2), 0x3);
+                    else
+                        tma_load_2d(s_b + stage * kTileB, &map_b, &full[stage], ks * kBK, n0);
+                    if (++stage == STAGES) stage = 0, phase ^= 1;
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc<232>();
+        const int half = warpgroup - 1;  // rows half * 64 .. + 63 of each tile
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        auto release = [&](int s) {  // this warp is done with stage s (every block of the cluster refills it)
+            if (lane == 0) {
+                if constexpr (MULTICAST)
+                    for (uint32_t r = 0; r < CLUSTER; r++) mbar_arrive_cluster(&empty[s], r);
+                else
+                    mbar_arrive(&empty[s]);
+            }
+        };
+        float acc[128];
+        int stage = 0;
+        uint32_t phase = 0;
+        for (int t = first_tile; t < tiles; t += tile_step) {
+            int m0, n0;
+            tile_origin(t, num_m, num_n, group, kBM * CLUSTER, m0, n0);
+            m0 += rank * kBM;
+            int previous = -1;
+            for (int ks = 0; ks < k_slices; ks++) {
+                mbar_wait(&full[stage], phase);
+                const unsigned char* a = s_a + stage * kTileA + half * 64 * 128;  // 64 rows of 128 bytes
+                const unsigned char* b = s_b + stage * kTileB;
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBK / 16; kk++)  // 16 values = 32 bytes along the swizzled rows
+                    wgmma_m64n256k16_ss(acc, sw128_desc(a + kk * 32, 16, 1024), sw128_desc(b + kk * 32, 16, 1024), ks > 0 || kk > 0);
+                wgmma_commit();
+                keep_regs(acc);
+                if (previous >= 0) {  // the slice before this one is read: hand its stage back
+                    wgmma_wait<1>();
+                    keep_regs(acc);
+                    release(previous);
+                }
+                previous = stage;
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            wgmma_wait<0>();
+            keep_regs(acc);
+            release(previous);
+            // Accumulator layout (per warp, as mma.sync's): element 4 j + e is row g + 8 (e / 2), column
+            // 8 j + 2 c + e % 2 of the warp's 16 x 256 slice (lane = 4 g + c).
+            if constexpr (STORE_COLS > 0) {
+                unsigned char* staging = s_out + half * kStaging;
+                const bool leader = threadIdx.x % 128 == 0;
+                const int r = warp * 16 + lane / 4;
+#pragma unroll
+                for (int pass = 0; pass < 256 / STORE_COLS; pass++) {
+                    if (leader) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // earlier stores have read it
+                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
+#pragma unroll
+                    for (int jj = 0; jj < STORE_COLS / 8; jj++) {
+                        const int j = pass * (STORE_COLS / 8) + jj;
+                        unsigned char* box = staging + (jj / 8) * 8192 + r * 128 + (((jj % 8) ^ (r % 8)) * 16) + 4 * (lane % 4);
+                        *reinterpret_cast<__nv_bfloat162*>(box) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+                        *reinterpret_cast<__nv_bfloat162*>(box + 8 * 128) = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+                    }
+                    fence_proxy_async_smem();  // generic-proxy writes, read by the TMA (async proxy)
+                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
+                    if (leader) {
+#pragma unroll
+                        for (int b = 0; b < STORE_COLS / 64; b++)
+                            asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(&map_out),
+                                         "r"(smem_u32(staging + b * 8192)), "r"(n0 + pass * STORE_COLS + 64 * b), "r"(m0 + half * 64)
+                                         : "memory");
+                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                    }
+                }
+            } else {
+                const int row = m0 + half * 64 + warp * 16 + lane / 4, col0 = n0 + 2 * (lane % 4);
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    const int col = col0 + 8 * j;
+                    if (col < N) {
+                        if (row < M) *reinterpret_cast<__nv_bfloat162*>(out + size_t(row) * N + col) = __floats2bfloat162_rn(acc[4 * j], acc[4 * j + 1]);
+                        if (row + 8 < M)
+                            *reinterpret_cast<__nv_bfloat162*>(out + size_t(row + 8) * N + col) =
+                                __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
+                    }
+                }
+            }
+        }
+        if (STORE_COLS > 0 && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    }
+    __syncwarp();  // the cluster barrier is .aligned: each warp's threads reach it together
+    if constexpr (CLUSTER > 1) cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
+#endif
+}
+
+// A row-major (rows, K) bf16 matrix as a TMA tensor map: boxes of box_rows x 64 values (128 bytes, the
+// swizzle's span); loads outside the matrix read zeros, stores there write nothing.
+CUtensorMap make_tensor_map(const bf16* ptr, int rows, int K, int box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                                    cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || !encode) fail("cuTensorMapEncodeTiled: not found in the driver");
+    }
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)}, strides[1] = {cuuint64_t(K) * sizeof(bf16)};
+    const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
+    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(ptr), dims, strides, box,
+                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) fail("cuTensorMapEncodeTiled: error %d (rows %d, K %d)", (int)r, rows, K);
+    return map;
+}
+
+int g_group = 16;  // --group
+
+template <int STAGES, int STORE_COLS, int CLUSTER, bool MULTICAST> void gemm_ours(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
+    if (K % 8 || N % 8) fail("gemm_ours: K (%d) and N (%d) must be multiples of 8", K, N);
+    constexpr size_t smem = smem_bytes<STAGES, STORE_COLS>();
+    static_assert(smem <= kMaxSmemBytes, "stages and staging exceed a block's shared memory");
+    auto kernel = gemm_tma_wgmma_kernel<STAGES, STORE_COLS, CLUSTER, MULTICAST>;
+    const CUtensorMap map_a = make_tensor_map(a, M, K, kBM), map_b = make_tensor_map(b, N, K, MULTICAST ? kBN / CLUSTER : kBN),
+                      map_out = make_tensor_map(out, M, N, 64);
+    const int tiles = ((M + kBM * CLUSTER - 1) / (kBM * CLUSTER)) * ((N + kBN - 1) / kBN);
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = CLUSTER, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    // A persistent grid must fit at once: the clusters the GPU can hold together (a GPC whose SM count
+    // is odd leaves one SM out of pairs); one more would run after the others, doubling the time.
+    static int resident = 0;
+    if (!resident) {
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        config.gridDim = dim3(CLUSTER);
+        cuda_check(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+        if (resident < 1) fail("gemm_ours: no cluster of %d blocks fits on this GPU", CLUSTER);
+    }
+    config.gridDim = dim3(std::min(tiles, resident) * CLUSTER);
+    const int group = std::min(g_group, (M + kBM * CLUSTER - 1) / (kBM * CLUSTER));  // more rows than the matrix has: the same order
+    cuda_check(cudaLaunchKernelEx(&config, kernel, out, map_a, map_b, map_out, M, N, K, group));
+}
+
+void gemm_cublas(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
+    matmul_forward<bf16>(out, a, b, nullptr, M, K, N);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation.
+//
+// Bound per element (the matmul lab's): |got - ref| <= 4 K 2^-24 sum|a b| + 2^-8 |ref| + 1e-7: the
+// products accumulate in fp32 (at most ~K 2^-24 sum|a b| of error; 4x that allowed), the result is
+// rounded to bf16 once (at most 2^-8 |ref|: 8 significant bits). ref and sum|a b| in double from the
+// same bf16 inputs. At the benchmark shapes the reference covers sampled elements (every row tile and
+// column tile is hit), and the whole output is compared with cuBLAS's, each side within its bound of
+// the exact value, so their difference within the sum of the two bounds. These are worst-case bounds:
+// from K ~ 3000 up they would let through an error as small as one 16-wide step of k left out of a
+// tile (~1.3 with these inputs), which the small shapes' tight bounds (K <= 3072, every element) are
+// there to catch; each benchmark-shape line also prints the share of elements with cuBLAS's bits.
+
+__global__ void fill_random_kernel(bf16* x, size_t n, uint64_t seed) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull + seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        x[i] = __float2bfloat16(float((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f);  // U[-1, 1)
+    }
+}
+
+double bound_of(double ref, double mag, int K) { return 4.0 * K * std::ldexp(1.0, -24) * mag + std::ldexp(1.0, -8) * std::fabs(ref) + 1e-7; }
+
+struct Product {
+    double value, mag;
+};
+Product reference_at(const std::vector<bf16>& a, const std::vector<bf16>& b, int K, int i, int j) {
+    double s = 0, m = 0;
+    for (int k = 0; k < K; k++) {
+        const double p = (double)__bfloat162float(a[size_t(i) * K + k]) * (double)__bfloat162float(b[size_t(j) * K + k]);
+        s += p;
+        m += std::fabs(p);
+    }
+    return {s, m};
+}
+
+using GemmFn = void (*)(bf16*, const bf16*, const bf16*, int, int, int);
+constexpr int kVersions = 7;
+const char* version_name(int v) {
+    static const char* names[] = {"",           "header (cuBLASLt)", "direct stores",     "TMA stores",
+                                  "TMA stores, 4 stages", "3 in pairs",        "5, b multicast", "4 in pairs, b multicast"};
+    return names[v];
+}
+GemmFn version_fn(int v) {
+    static const GemmFn fns[] = {nullptr,
+                                 gemm_cublas,
+                                 gemm_ours<4, 0, 1, false>,
+                                 gemm_ours<3, 256, 1, false>,
+                                 gemm_ours<4, 128, 1, false>,
+                                 gemm_ours<3, 256, 2, false>,
+                                 gemm_ours<3, 256, 2, true>,
+                                 gemm_ours<4, 128, 2, true>};
+    return fns[v];
+}
+
+// Every element at a small shape, against the CPU reference.
+void check_small(TestCounter& tests, int M, int N, int K, Rng& rng) {
+    std::vector<bf16> a(size_t(M) * K), b(size_t(N) * K);
+    for (auto& v : a) v = __float2bfloat16(rng.uniform(-1.0f, 1.0f));
+    for (auto& v : b) v = __float2bfloat16(rng.uniform(-1.0f, 1.0f));
+    DeviceBuffer<bf16> d_a(a.size(), "a"), d_b(b.size(), "b"), d_out(size_t(M) * N, "out");
+    d_a.upload(a);
+    d_b.upload(b);
+    std::vector<double> ref(size_t(M) * N), bound(size_t(M) * N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            const Product p = reference_at(a, b, K, i, j);
+            ref[size_t(i) * N + j] = p.value;
+            bound[size_t(i) * N + j] = bound_of(p.value, p.mag, K);
+        }
+    for (int v = 1; v <= kVersions; v++) {
+        d_out.poison();
+        version_fn(v)(d_out.ptr, d_a.ptr, d_b.ptr, M, N, K);
+        cuda_check(cudaDeviceSynchronize());
+        const std::vector<bf16> got = d_out.download();
+        size_t bad = 0, worst = 0;
+        double worst_ratio = 0;
+        for (size_t e = 0; e < got.size(); e++) {
+            const double g = __bfloat162float(got[e]), ratio = std::fabs(g - ref[e]) / bound[e];
+            if (!std::isfinite(g) || ratio > 1) bad++;
+            if (!std::isfinite(g) || ratio > worst_ratio) worst_ratio = std::isfinite(g) ? ratio : INFINITY, worst = e;
+        }
+        printf("  v%d %-22s M %5d N %5d K %5d  %s worst err/bound %.3f at [%zu] (%zu/%zu bad)\n", v, version_name(v), M, N, K,
+               bad ? "FAIL" : "ok  ", worst_ratio, worst, bad, got.size());
+        tests.record(bad == 0);
+    }
+}
+
+// A benchmark shape: sampled elements against the CPU reference, the whole output against cuBLAS's.
+void check_large(TestCounter& tests, const char* name, const bf16* d_a, const bf16* d_b, int M, int N, int K, Rng& rng) {
+    const size_t count = size_t(M) * N;
+    DeviceBuffer<bf16> d_ours(count, "ours"), d_theirs(count, "cuBLAS");
+    d_theirs.poison();
+    gemm_cublas(d_theirs.ptr, d_a, d_b, M, N, K);
+    std::vector<bf16> a(size_t(M) * K), b(size_t(N) * K);
+    cuda_check(cudaMemcpy(a.data(), d_a, a.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+    cuda_check(cudaMemcpy(b.data(), d_b, b.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+    const std::vector<bf16> theirs = d_theirs.download();
+    // Sampled: 4096 random elements plus elements of the first and last row and column.
+    std::vector<std::pair<int, int>> at;
+    for (int s = 0; s < 4096; s++) at.push_back({int(rng.next() % M), int(rng.next() % N)});
+    for (int j = 0; j < N; j += std::min(kBN, std::max(1, N / 512))) at.push_back({0, j}), at.push_back({M - 1, j});
+    for (int i = 0; i < M; i += std::min(kBM, std::max(1, M / 512))) at.push_back({i, 0}), at.push_back({i, N - 1});
+    std::vector<Product> ref;
+    for (auto [i, j] : at) ref.push_back(reference_at(a, b, K, i, j));
+    for (int v = 2; v <= kVersions; v++) {
+        d_ours.poison();
+        version_fn(v)(d_ours.ptr, d_a, d_b, M, N, K);
+        const std::vector<bf16> ours = d_ours.download();
+        size_t bad_ref = 0, bad_pair = 0, same = 0;
+        double worst_ref = 0, worst_pair = 0;
+        for (size_t s = 0; s < at.size(); s++) {
+            const double g = __bfloat162float(ours[size_t(at[s].first) * N + at[s].second]);
+            const double r = std::fabs(g - ref[s].value) / bound_of(ref[s].value, ref[s].mag, K);
+            if (!std::isfinite(g) || r > 1) bad_ref++;
+            worst_ref = std::max(worst_ref, std::isfinite(g) ? r : INFINITY);
+        }
+        // Against cuBLAS everywhere: each side within its bound of the exact value, so |ours - theirs|
+        // <= 2 (4 K 2^-24 sum|a b| + 1e-7) + 2^-8 (|ours| + |theirs|); inputs in [-1, 1) make sum|a b| <= K.
+        const double accumulation = 2.0 * (4.0 * K * std::ldexp(1.0, -24) * K + 1e-7);
+        for (size_t e = 0; e < count; e++) {
+            const double g = __bfloat162float(ours[e]), t = __bfloat162float(theirs[e]);
+            const double bound = accumulation + std::ldexp(1.0, -8) * (std::fabs(g) + std::fabs(t));
+            const double r = std::fabs(g - t) / bound;
+            if (!std::isfinite(g) || !std::isfinite(t) || r > 1) bad_pair++;
+            worst_pair = std::max(worst_pair, std::isfinite(g) && std::isfinite(t) ? r : INFINITY);
+            same += memcmp(&ours[e], &theirs[e], sizeof(bf16)) == 0;
+        }
+        printf("  v%d %-8s M %5d N %5d K %5d  %s sampled vs CPU: worst err/bound %.3f (%zu/%zu bad); vs cuBLAS: worst %.3f "
+               "(%zu/%zu bad), %.1f%% the same bits\n",
+               v, name, M, N, K, bad_ref || bad_pair ? "FAIL" : "ok  ", worst_ref, bad_ref, at.size(), worst_pair, bad_pair, count,
+               100.0 * same / count);
+        tests.record(bad_ref == 0);
+        tests.record(bad_pair == 0);
+    }
+}
+
+struct BenchShape {
+    const char* name;
+    int M, N, K;
+    bool gpt2;  // one of d12's GEMMs (summed), else the reference shape
+};
+
+bool compute_capability_90() {
+    int major = 0, minor = 0;
+    cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+    return major == 9 && minor == 0;
+}
+
+void usage(FILE* f) {
+    fprintf(f,
+            "usage: matmul_wgmma [--check | --no-validate] [--rows R] [--group G]\n"
+            "  --check        validate at small shapes and the benchmark shapes (no timing)\n"
+            "  --no-validate  benchmark only\n"
+            "  --rows R       rows of the forward GEMMs (default 65536, with --check 8192; the LM head takes R / 2)\n"
+            "  --group G      row tiles (pairs in 5-7) per group in the tile order of versions 2-7 (default 16)\n");
+}
+
+int main(int argc, char** argv) {
+    bool check_only = false, validate = true;
+    int rows = 0;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "-h" || a == "--help") return usage(stdout), 0;
+        else if (a == "--check") check_only = true;
+        else if (a == "--no-validate") validate = false;
+        else if (a == "--rows") rows = parse_int(flag_value(argc, argv, i, usage), "--rows", 2, usage);
+        else if (a == "--group") g_group = parse_int(flag_value(argc, argv, i, usage), "--group", 1, usage);
+        else {
+            usage(stderr);
+            fail("unknown argument '%s'", argv[i]);
+        }
+    }
+    if (check_only && !validate) {
+        usage(stderr);
+        fail("--check and --no-validate exclude each other");
+    }
+    if (!rows) rows = check_only ? 8192 : 65536;  // --check: every shape's N and K, fewer rows
+    TestCounter tests;
+    if (!cuda_device_available()) {
+        tests.skip("matmul_wgmma validation");
+        return tests.finish();
+    }
+    if (!compute_capability_90()) {  // wgmma and the TMA are Hopper's
+        printf("matmul_wgmma validation: skipped (needs a compute capability 9.0 GPU)\n");
+        tests.skipped++;
+        return tests.finish();
+    }
+    blas_init(size_t(rows));
+    Rng rng(1234);
+    if (validate) printf("validation, small shapes (every element against the CPU reference):\n");
+    // The last: more tiles than blocks (each block runs several, in groups whose last is short).
+    const int small[][3] = {{1, 8, 64},     {100, 72, 64},   {128, 256, 64},   {129, 264, 128}, {300, 520, 192},
+                            {257, 1000, 768}, {64, 2304, 72}, {1000, 768, 3072}, {77, 504, 200}, {513, 776, 1600},
+                            {2200, 2056, 200}};
+    if (validate)
+        for (auto& s : small) check_small(tests, s[0], s[1], s[2], rng);
+
+    const BenchShape shapes[] = {{"qkv", rows, 2304, 768, true},    {"attproj", rows, 768, 768, true},
+                                 {"fc", rows, 3072, 768, true},     {"fcproj", rows, 768, 3072, true},
+                                 {"lmhead", rows / 2, 50304, 768, true}, {"8192^3", 8192, 8192, 8192, false}};
+    size_t max_a = 0, max_b = 0, max_out = 0;
+    for (auto& s : shapes) {
+        max_a = std::max(max_a, size_t(s.M) * s.K);
+        max_b = std::max(max_b, size_t(s.N) * s.K);
+        max_out = std::max(max_out, size_t(s.M) * s.N);
+    }
+    DeviceBuffer<bf16> d_a(max_a, "a"), d_b(max_b, "b");
+    if (validate) printf("\nvalidation, benchmark shapes:\n");
+    for (auto& s : shapes) {
+        if (!validate) break;
+        fill_random_kernel<<<1024, 256>>>(d_a.ptr, size_t(s.M) * s.K, rng.next());
+        fill_random_kernel<<<1024, 256>>>(d_b.ptr, size_t(s.N) * s.K, rng.next());
+        cuda_check_launch();
+        check_large(tests, s.name, d_a.ptr, d_b.ptr, s.M, s.N, s.K, rng);
+    }
+    if (check_only || tests.failed) return tests.finish();
+
+    printf("\nbenchmark: median of 20 runs after 3 warm-ups, ms (TFLOP/s = 2 M N K / time), random operands in [-1, 1)\n");
+    printf("%-8s %6s %6s %6s", "shape", "M", "N", "K");
+    for (int v = 1; v <= kVersions; v++) printf("  %26s", ("v" + std::to_string(v) + " " + version_name(v)).c_str());
+    printf("\n");
+    DeviceBuffer<bf16> d_out(max_out, "out");
+    double sum[kVersions + 1] = {};
+    for (auto& s : shapes) {
+        fill_random_kernel<<<1024, 256>>>(d_a.ptr, size_t(s.M) * s.K, rng.next());
+        fill_random_kernel<<<1024, 256>>>(d_b.ptr, size_t(s.N) * s.K, rng.next());
+        cuda_check_launch();
+        const double flops = 2.0 * s.M * s.N * s.K;
+        printf("%-8s %6d %6d %6d", s.name, s.M, s.N, s.K);
+        for (int v = 1; v <= kVersions; v++) {
+            const float ms = time_median_ms([&] { version_fn(v)(d_out.ptr, d_a.ptr, d_b.ptr, s.M, s.N, s.K); }, 3, 20);
+            printf("  %17.4f (%6.1f)", ms, flops / ms * 1e-9);
+            if (s.gpt2) sum[v] += ms;
+        }
+        printf("\n");
+    }
+    printf("GPT-2 shapes summed, ms:");
+    for (int v = 1; v <= kVersions; v++) printf(" v%d %.3f (%.3f of cuBLAS)", v, sum[v], sum[v] / sum[1]);
+    printf("\n");
+    return tests.finish();
+}
