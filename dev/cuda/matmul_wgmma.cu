@@ -126,7 +126,7 @@ constexpr size_t kMaxSmemBytes = 227 * 1024;  // a block's dynamic shared memory
 // Output tile t of the persistent loop, in units of `unit_rows` rows: groups of `group` row units,
 // and within a group the row unit changes fastest, so the blocks running at once share a few b tiles
 // (and a tiles) through L2.
-__device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int group, int unit_rows, int& m0, int& n0) {
+__host__ __device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int group, int unit_rows, int& m0, int& n0) {
     const int group_tiles = group * num_n, g = t / group_tiles, first = g * group;
     const int rows = min(num_m - first, group), local = t - g * group_tiles;
     m0 = (first + local % rows) * unit_rows;
@@ -499,6 +499,31 @@ struct BenchShape {
     bool gpt2;  // one of d12's GEMMs (summed), else the reference shape
 };
 
+// The persistent loop's tile order (tile_origin, run here on the CPU): tiles 0 .. num_m num_n - 1 must
+// name every (row unit, column tile) exactly once, inside the matrix, for any group size.
+void check_tile_order(TestCounter& tests) {
+    size_t cases = 0, bad = 0;
+    for (int num_m : {1, 2, 3, 15, 16, 17, 33, 256, 257})
+        for (int num_n : {1, 3, 9, 197})
+            for (int group : {1, 2, 8, 16, 1000}) {
+                std::vector<int> seen(size_t(num_m) * num_n, 0);
+                bool ok = true;
+                for (int t = 0; t < num_m * num_n; t++) {
+                    int m0, n0;
+                    tile_origin(t, num_m, num_n, std::min(group, num_m), kBM, m0, n0);
+                    const int m = m0 / kBM, n = n0 / kBN;
+                    if (m0 % kBM || n0 % kBN || m < 0 || m >= num_m || n < 0 || n >= num_n) ok = false;
+                    else seen[size_t(m) * num_n + n]++;
+                }
+                for (int c : seen) ok = ok && c == 1;
+                cases++;
+                bad += !ok;
+            }
+    printf("  tile order: every tile exactly once in %zu cases of rows x columns x group sizes  %s (%zu bad)\n", cases,
+           bad ? "FAIL" : "ok  ", bad);
+    tests.record(bad == 0);
+}
+
 bool compute_capability_90() {
     int major = 0, minor = 0;
     cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -536,6 +561,7 @@ int main(int argc, char** argv) {
     }
     if (!rows) rows = check_only ? 8192 : 65536;  // --check: every shape's N and K, fewer rows
     TestCounter tests;
+    check_tile_order(tests);  // host code: runs everywhere
     if (!cuda_device_available()) {
         tests.skip("matmul_wgmma validation");
         return tests.finish();
