@@ -132,15 +132,18 @@ template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(f
 // are: checkpoints, resumed runs and their data order depend on them. The labs and tests draw their
 // inputs from it too, so the same seed gives the same inputs everywhere.
 
+// SplitMix64: the state advances by kSplitMixStep, and each state is mixed into one output.
+constexpr uint64_t kSplitMixStep = 0x9E3779B97F4A7C15ull;
+__host__ __device__ inline uint64_t splitmix64_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 struct Rng {
     uint64_t state;
     explicit Rng(uint64_t seed = 0) : state(seed) {}
-    uint64_t next() {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
+    uint64_t next() { return splitmix64_mix(state += kSplitMixStep); }
     double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1), 53 random bits
     float normal() {
         const double u1 = 1.0 - uniform(), u2 = uniform();  // u1 in (0, 1]: log is finite

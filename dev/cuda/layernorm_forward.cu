@@ -443,7 +443,8 @@ template <typename T> void benchmark(const std::vector<int>& versions, bool resi
         }
         const int wpr = layernorm_detail::forward_warps_per_row<T>(C);
         if (g_floor && wpr && !residual) {  // the header's vector launch: blocks of max(32 wpr, its minimum) threads
-            const int block = std::max(32 * wpr, layernorm_detail::kForwardMinBlockOf<T>), rows = block / (32 * wpr);
+            const int block = layernorm_detail::block_threads_of(wpr, layernorm_detail::kForwardMinBlockOf<T>);
+            const int rows = block / (32 * wpr);
             print_launch_floor(dtype_name<T>(), C, bytes, (N + rows - 1) / rows, block, copy_gbs);
         }
     }

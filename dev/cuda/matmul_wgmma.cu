@@ -44,7 +44,7 @@
 #include "common.cuh"
 #include "dev/lab.cuh"
 #include "flash_attention.cuh"  // smem_u32, sw128_desc, the wgmma fences and waits, keep_regs,
-                                // fence_proxy_async_smem
+                                // fence_proxy_async_smem, wgmma_available
 #include "matmul.cuh"
 
 using bf16 = __nv_bfloat16;
@@ -369,10 +369,7 @@ void gemm_cublas(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
 
 __global__ void fill_random_kernel(bf16* x, size_t n, uint64_t seed) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-        uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull + seed;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        const uint64_t z = splitmix64_mix((i + 1) * kSplitMixStep + seed);  // SplitMix64's i-th output from seed
         x[i] = __float2bfloat16(float((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f);  // U[-1, 1)
     }
 }
@@ -524,13 +521,6 @@ void check_tile_order(TestCounter& tests) {
     tests.record(bad == 0);
 }
 
-bool compute_capability_90() {
-    int major = 0, minor = 0;
-    cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-    cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
-    return major == 9 && minor == 0;
-}
-
 void usage(FILE* f) {
     fprintf(f,
             "usage: matmul_wgmma [--check | --no-validate] [--rows R] [--group G]\n"
@@ -566,7 +556,7 @@ int main(int argc, char** argv) {
         tests.skip("matmul_wgmma validation");
         return tests.finish();
     }
-    if (!compute_capability_90()) {  // wgmma and the TMA are Hopper's
+    if (!flash_detail::wgmma_available()) {  // wgmma and the TMA are Hopper's
         printf("matmul_wgmma validation: skipped (needs a compute capability 9.0 GPU)\n");
         tests.skipped++;
         return tests.finish();
