@@ -27,7 +27,8 @@ inline double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
 // Timing: median of `reps` runs after `warmup` runs, each run timed with its own pair of events.
 // `run` is any callable that enqueues work on `stream`.
 
-template <typename F> float time_median_ms(F run, int warmup = 10, int reps = 50, cudaStream_t stream = 0) {
+// Milliseconds of each of `reps` calls of run after `warmup` untimed ones, in call order.
+template <typename F> std::vector<float> time_each_ms(F run, int warmup, int reps, cudaStream_t stream = 0) {
     for (int i = 0; i < warmup; i++) run();
     cuda_check(cudaStreamSynchronize(stream));
     std::vector<cudaEvent_t> events(2 * reps);
@@ -41,6 +42,10 @@ template <typename F> float time_median_ms(F run, int warmup = 10, int reps = 50
     std::vector<float> ms(reps);
     for (int i = 0; i < reps; i++) cuda_check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]));
     for (auto& e : events) cuda_check(cudaEventDestroy(e));
+    return ms;
+}
+template <typename F> float time_median_ms(F run, int warmup = 10, int reps = 50, cudaStream_t stream = 0) {
+    std::vector<float> ms = time_each_ms(run, warmup, reps, stream);
     std::sort(ms.begin(), ms.end());
     return ms[reps / 2];
 }

@@ -4,7 +4,7 @@
 //   make dev/cuda/matmul_wgmma
 //   ./dev/cuda/matmul_wgmma            validate, then benchmark (bf16, 65536 rows)
 //   ./dev/cuda/matmul_wgmma --check    validation only (skips without an sm_90 GPU)
-//   ./dev/cuda/matmul_wgmma -h         the usage (--rows, --group, --no-validate)
+//   ./dev/cuda/matmul_wgmma -h         the usage (--rows, --group, --no-validate, --versions, --shape)
 //
 // Why a GEMM of our own: the training step's matmuls are cuBLAS's and run at its rate, and what is
 // left around them (the classifier's pass over the logits, GELU's pre-activation, the LayerNorm
@@ -31,14 +31,26 @@
 //   5  3's blocks in pairs (thread-block clusters) on vertically adjacent tiles.
 //   6  5, the pair loading its shared b tile once (TMA multicast).
 //   7  4's blocks in pairs, b multicast.
+//   8-12 gemm_pingpong_kernel: the same loader, but each consumer warpgroup owns whole tiles (128 x 128
+//      or 128 x 192) and the two take turns, so one stores while the other multiplies.
+//   8  tiles of 128 x 128, 5 stages.   9  8 in pairs, b multicast.
+//   10 tiles of 128 x 192, 4 stages, outputs staged 64 rows at a time.   11  10 in pairs, b multicast.
+//   12 11 with 5 stages: the two consumers share one 64-row staging buffer.
+//   13 (its own benchmark, --shape lmhead-dx) the LM head's input gradient dx = dlogits W read from
+//      the logits: 11 forming each slice of the classifier's gradient in shared memory first.
 // What they measured (H100, 2026-11-25) is in docs/matmul.md: the TMA stores took ours from ~0.55x
-// to ~0.75-0.9x of cuBLAS's rate at these shapes, the pairs to ~0.84-0.93x.
+// to ~0.75-0.9x of cuBLAS's rate at these shapes, the pairs to ~0.84-0.93x, ping-pong tiles of
+// 128 x 192 in pairs (11) to about cuBLAS's (0.98-0.99x of its time summed, the versions in turn).
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_profiler_api.h>
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <iterator>
+#include <sstream>
 #include <string>
 
 #include "common.cuh"
@@ -48,11 +60,13 @@
 #include "matmul.cuh"
 
 using bf16 = __nv_bfloat16;
+using flash_detail::exp2_ftz;
 using flash_detail::fence_proxy_async_smem;
 using flash_detail::keep_regs;
 using flash_detail::smem_u32;
 using flash_detail::sw128_desc;
 using flash_detail::wgmma_commit;
+using flash_detail::wgmma_m64n128k16_ss;
 using flash_detail::wgmma_fence;
 using flash_detail::wgmma_wait;
 
@@ -99,6 +113,15 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t a_
         : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
+// The same with B 192 x 16: d is 64 x 192.
+__device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Versions 2-7: one kernel, four choices.
 //   STAGES      the ring's depth (48 KiB a stage).
@@ -126,11 +149,12 @@ constexpr size_t kMaxSmemBytes = 227 * 1024;  // a block's dynamic shared memory
 // Output tile t of the persistent loop, in units of `unit_rows` rows: groups of `group` row units,
 // and within a group the row unit changes fastest, so the blocks running at once share a few b tiles
 // (and a tiles) through L2.
-__host__ __device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int group, int unit_rows, int& m0, int& n0) {
+__host__ __device__ __forceinline__ void tile_origin(int t, int num_m, int num_n, int group, int unit_rows, int unit_cols,
+                                                     int& m0, int& n0) {
     const int group_tiles = group * num_n, g = t / group_tiles, first = g * group;
     const int rows = min(num_m - first, group), local = t - g * group_tiles;
     m0 = (first + local % rows) * unit_rows;
-    n0 = (local / rows) * kBN;
+    n0 = (local / rows) * unit_cols;
 }
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -194,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint32_t phase = 0;
             for (int t = first_tile; t < tiles; t += tile_step) {
                 int m0, n0;
-                tile_origin(t, num_m, num_n, group, kBM * CLUSTER, m0, n0);
+                tile_origin(t, num_m, num_n, group, kBM * CLUSTER, kBN, m0, n0);
                 for (int ks = 0; ks < k_slices; ks++) {
                     mbar_wait(&empty[stage], phase ^ 1);  // a fresh barrier's "previous phase" counts as done
                     mbar_arrive_expect_tx(&full[stage], kTileA + kTileB);  // out-of-range rows arrive as zeros, counted
@@ -225,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t phase = 0;
         for (int t = first_tile; t < tiles; t += tile_step) {
             int m0, n0;
-            tile_origin(t, num_m, num_n, group, kBM * CLUSTER, m0, n0);
+            tile_origin(t, num_m, num_n, group, kBM * CLUSTER, kBN, m0, n0);
             m0 += rank * kBM;
             int previous = -1;
             for (int ks = 0; ks < k_slices; ks++) {
@@ -350,6 +374,279 @@ template <int STAGES, int STORE_COLS, int CLUSTER, bool MULTICAST> void gemm_our
     cuda_check(cudaLaunchKernelEx(&config, kernel, out, map_a, map_b, map_out, M, N, K, group));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Versions 8-12: ping-pong consumers. Each consumer warpgroup owns whole 128 x BN tiles (two m64nBNk16
+// products a k-step, 2 x BN / 2 accumulators a thread); a block's tiles alternate between the two,
+// and the loader fills one ring in the order the tiles are taken, so one consumer's epilogue (its
+// TMA stores) runs while the other multiplies and the tensor cores do not wait for stores.
+// The consumers take turns at the ring (turn barriers): a consumer starts a tile's slices only after
+// the other has passed the full barriers of all of its previous tile's. Without that, a consumer
+// k-slices ahead would wait on the parity of a stage's phase that an earlier use already completed,
+// and read the other consumer's slice.
+//   BN            128 or 192 columns a tile.
+//   STAGES        the ring's depth (16 KiB of a + BN x 128 bytes of b a stage).
+//   CLUSTER       2: blocks in pairs on vertically adjacent tiles, each loading half of the shared b
+//                 tile and multicasting it to both (as version 6); the stage's consumer in both blocks
+//                 must be done with it before either refills it.
+//   STAGING       where the outputs wait for their TMA stores: kStageAll, each consumer its whole tile
+//                 (BN x 256 bytes); kStageHalves, each consumer 64 rows at a time (BN x 128 bytes);
+//                 kStageShared, one 64-row buffer both consumers take turns at (their epilogues
+//                 alternate anyway), which leaves room for a fifth stage at BN = 192.
+// Why: at the K = 768 shapes versions 2-7 keep the tensor cores busy ~80% of the time (Nsight
+// Compute) while both consumers store; cuBLAS's kernels keep them ~96% busy.
+
+template <int BN> __device__ __forceinline__ void wgmma_pp(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+    if constexpr (BN == 128) wgmma_m64n128k16_ss(d, a_desc, b_desc, accumulate);
+    else wgmma_m64n192k16_ss(d, a_desc, b_desc, accumulate);
+}
+
+enum { kStageAll, kStageHalves, kStageShared };
+template <int STAGING> constexpr int pp_staging_rows() { return STAGING == kStageAll ? 256 : STAGING == kStageHalves ? 128 : 64; }
+template <int BN, int STAGES, int STAGING> constexpr size_t pp_smem_bytes() {
+    return size_t(STAGES) * (kTileA + BN * kBK * 2) + size_t(pp_staging_rows<STAGING>()) * BN * 2 + (2 * STAGES + 3) * sizeof(uint64_t) + 1024;
+}
+
+// The classifier's gradient, dlogits = (softmax(logits) - onehot(target)) * dloss over the first V
+// columns and 0 in the padding, given each row's log-sum-exp: what version 13 applies to a's slices.
+struct SoftmaxGrad {
+    const float* lse;    // (M): log sum exp of the row's first V logits
+    const int* targets;  // (M)
+    float dloss;
+    int V;
+};
+// One value of it, from the row's lse * log2(e) (exp2_ftz, as the attention kernels: ex2.approx.ftz).
+__device__ __forceinline__ float softmax_grad(float logit, float lse_log2, int v, int target, const SoftmaxGrad& sg) {
+    if (v >= sg.V) return 0.0f;
+    const float p = exp2_ftz(fmaf(logit, 1.4426950408889634f, -lse_log2));
+    return (v == target ? p - 1.0f : p) * sg.dloss;
+}
+// The same over a whole (M, Vp) matrix, for the unfused path and the check.
+__global__ void softmax_grad_kernel(bf16* out, const bf16* logits, SoftmaxGrad sg, int M, int Vp) {
+    const size_t n = size_t(M) * Vp;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const int row = int(i / Vp), v = int(i % Vp);
+        out[i] = __float2bfloat16(softmax_grad(__bfloat162float(logits[i]), sg.lse[row] * 1.4426950408889634f, v, sg.targets[row], sg));
+    }
+}
+
+template <int BN, int STAGES, int CLUSTER, int STAGING, bool SOFTMAX_A = false>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                         const __grid_constant__ CUtensorMap map_out, int M, int N, int K, int group, SoftmaxGrad sg) {
+    static_assert(BN == 128 || BN == 192, "tile width");
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster size");
+#ifdef FLASH_HAVE_WGMMA
+    constexpr bool kHalves = STAGING != kStageAll, kShared = STAGING == kStageShared;
+    constexpr int kTileBp = BN * kBK * 2, kStaging = (kHalves ? 64 : 128) * BN * 2, kBoxes = BN / 64;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char* s_a = smem;
+    unsigned char* s_b = s_a + STAGES * kTileA;
+    unsigned char* s_out = s_b + STAGES * kTileBp;
+    uint64_t* full = reinterpret_cast<uint64_t*>(s_out + (kShared ? 1 : 2) * kStaging);
+    uint64_t* empty = full + STAGES;
+    uint64_t* turn = empty + STAGES;  // turn[c]: consumer c may start its next tile's slices
+    uint64_t* staging_free = turn + 2;  // kStageShared: the previous tile's stores have read the buffer
+    const int warpgroup = threadIdx.x / 128;
+    const uint32_t rank = CLUSTER > 1 ? cluster_rank() : 0;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4 * CLUSTER);  // the 4 warps of the consumer whose tile the stage holds, in each block
+        }
+        for (int c = 0; c < 2; c++) mbar_init(&turn[c], 4);  // the other consumer's 4 warps
+        mbar_init(staging_free, 1);                           // the leader of the consumer that stored last
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if constexpr (CLUSTER > 1) cluster_sync();
+    else __syncthreads();
+    const int num_m = (M + kBM * CLUSTER - 1) / (kBM * CLUSTER), num_n = (N + BN - 1) / BN, tiles = num_m * num_n;
+    const int k_slices = (K + kBK - 1) / kBK, first_tile = blockIdx.x / CLUSTER, tile_step = gridDim.x / CLUSTER;
+
+    if (warpgroup == 0) {
+        setmaxnreg_dec<40>();
+        if (threadIdx.x == 0) {
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int t = first_tile; t < tiles; t += tile_step) {
+                int m0, n0;
+                tile_origin(t, num_m, num_n, group, kBM * CLUSTER, BN, m0, n0);
+                for (int ks = 0; ks < k_slices; ks++) {
+                    mbar_wait(&empty[stage], phase ^ 1);
+                    mbar_arrive_expect_tx(&full[stage], kTileA + kTileBp);
+                    tma_load_2d(s_a + stage * kTileA, &map_a, &full[stage], ks * kBK, m0 + rank * kBM);
+                    if constexpr (CLUSTER > 1)
+                        tma_load_2d_multicast(s_b + stage * kTileBp + rank * (kTileBp / 2), &map_b, &full[stage], ks * kBK,
+                                              n0 + rank * (BN / 2), 0x3);
+                    else
+                        tma_load_2d(s_b + stage * kTileBp, &map_b, &full[stage], ks * kBK, n0);
+                    if (++stage == STAGES) stage = 0, phase ^= 1;
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc<232>();
+        const int consumer = warpgroup - 1;
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        unsigned char* staging = s_out + (kShared ? 0 : consumer * kStaging);
+        const bool leader = threadIdx.x % 128 == 0;
+        auto release = [&](int s) {  // this warp is done with stage s (in every block of the cluster)
+            if (lane == 0) {
+                if constexpr (CLUSTER > 1)
+                    for (uint32_t r = 0; r < CLUSTER; r++) mbar_arrive_cluster(&empty[s], r);
+                else
+                    mbar_arrive(&empty[s]);
+            }
+        };
+        float acc0[BN / 2], acc1[BN / 2];  // rows 0..63 and 64..127 of the tile
+        int j = consumer;                  // this block's j-th tile is this consumer's when j % 2 == consumer
+        for (int t = first_tile + consumer * tile_step, i = 0; t < tiles; t += 2 * tile_step, j += 2, i++) {
+            int m0, n0;
+            tile_origin(t, num_m, num_n, group, kBM * CLUSTER, BN, m0, n0);
+            m0 += rank * kBM;
+            if (consumer == 1) mbar_wait(&turn[1], i & 1);     // consumer 0 is past tile j - 1's slices
+            else if (i > 0) mbar_wait(&turn[0], (i - 1) & 1);  // consumer 1 is past tile j - 1's slices
+            // Version 13: thread r of the consumer transforms row r of each a slice (its lse and target
+            // held for the tile) in shared memory before the slice's products.
+            const int my_row = m0 + threadIdx.x % 128;
+            float lse_log2 = 0.0f;
+            int target = -1;
+            if (SOFTMAX_A && my_row < M) lse_log2 = sg.lse[my_row] * 1.4426950408889634f, target = sg.targets[my_row];
+            int previous = -1;
+            for (int ks = 0; ks < k_slices; ks++) {
+                const int pos = j * k_slices + ks;  // the slice's place in the ring's sequence
+                const int stage = pos % STAGES;
+                mbar_wait(&full[stage], (pos / STAGES) & 1);
+                if constexpr (SOFTMAX_A) {
+                    // Row r's 128 bytes hold 8 chunks of 8 values, logical chunk c at c ^ (r % 8) (the
+                    // swizzle); the thread starts at chunk r % 8 so that 8 consecutive rows hit 8 banks.
+                    const int r = threadIdx.x % 128;
+                    unsigned char* row_bytes = s_a + stage * kTileA + r * 128;
+#pragma unroll
+                    for (int q = 0; q < 8; q++) {
+                        const int place = (q + r) & 7, v0 = ks * kBK + 8 * (place ^ (r & 7));
+                        uint4 chunk = *reinterpret_cast<uint4*>(row_bytes + place * 16);
+                        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&chunk);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float2 x = __bfloat1622float2(h[e]);
+                            h[e] = __floats2bfloat162_rn(softmax_grad(x.x, lse_log2, v0 + 2 * e, target, sg),
+                                                         softmax_grad(x.y, lse_log2, v0 + 2 * e + 1, target, sg));
+                        }
+                        *reinterpret_cast<uint4*>(row_bytes + place * 16) = chunk;
+                    }
+                    fence_proxy_async_smem();  // generic-proxy writes, read by wgmma (async proxy)
+                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                }
+                const unsigned char* a = s_a + stage * kTileA;
+                const unsigned char* b = s_b + stage * kTileBp;
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBK / 16; kk++) {
+                    const uint64_t b_desc = sw128_desc(b + kk * 32, 16, 1024);
+                    wgmma_pp<BN>(acc0, sw128_desc(a + kk * 32, 16, 1024), b_desc, ks > 0 || kk > 0);
+                    wgmma_pp<BN>(acc1, sw128_desc(a + 64 * 128 + kk * 32, 16, 1024), b_desc, ks > 0 || kk > 0);
+                }
+                wgmma_commit();
+                keep_regs(acc0);
+                keep_regs(acc1);
+                if (previous >= 0) {
+                    wgmma_wait<1>();
+                    keep_regs(acc0);
+                    keep_regs(acc1);
+                    release(previous);
+                }
+                previous = stage;
+            }
+            if (lane == 0) mbar_arrive(&turn[1 - consumer]);  // every slice of this tile waited for: the other's turn
+            wgmma_wait<0>();
+            keep_regs(acc0);
+            keep_regs(acc1);
+            release(previous);
+            // Staging: 64 x 64 boxes, 128-byte swizzled; box h kBoxes + c holds rows 64 h.., columns 64 c..
+            // (with halves each half h in turn goes to boxes 0 .. kBoxes - 1).
+            const int r = warp * 16 + lane / 4;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (h == 0 || kHalves) {
+                    if (leader) {
+                        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // this consumer's stores have read it
+                        if (kShared && h == 0 && j > 0) mbar_wait(staging_free, (j - 1) & 1);  // and the other's, of tile j - 1
+                    }
+                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                }
+                const float* acc = h == 0 ? acc0 : acc1;
+                unsigned char* half_staging = staging + (kHalves ? 0 : h * kBoxes * 8192);
+#pragma unroll
+                for (int jj = 0; jj < BN / 8; jj++) {
+                    unsigned char* box = half_staging + (jj / 8) * 8192 + r * 128 + (((jj % 8) ^ (r % 8)) * 16) + 4 * (lane % 4);
+                    *reinterpret_cast<__nv_bfloat162*>(box) = __floats2bfloat162_rn(acc[4 * jj], acc[4 * jj + 1]);
+                    *reinterpret_cast<__nv_bfloat162*>(box + 8 * 128) = __floats2bfloat162_rn(acc[4 * jj + 2], acc[4 * jj + 3]);
+                }
+                if (h == 1 || kHalves) {
+                    fence_proxy_async_smem();
+                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                    if (leader) {
+                        for (int hh = kHalves ? h : 0; hh <= h; hh++)
+#pragma unroll
+                            for (int c = 0; c < kBoxes; c++)
+                                asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                                                 &map_out),
+                                             "r"(smem_u32(staging + ((kHalves ? 0 : hh * kBoxes) + c) * 8192)), "r"(n0 + 64 * c),
+                                             "r"(m0 + 64 * hh)
+                                             : "memory");
+                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                        if (kShared && h == 1) {  // the buffer is the other consumer's once these stores have read it
+                            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                            mbar_arrive(staging_free);
+                        }
+                    }
+                }
+            }
+        }
+        if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    }
+    __syncwarp();
+    if constexpr (CLUSTER > 1) cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
+#endif
+}
+
+template <int BN, int STAGES, int CLUSTER, int STAGING, bool SOFTMAX_A>
+void launch_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int K, SoftmaxGrad sg) {
+    if (K % 8 || N % 8) fail("gemm_pingpong: K (%d) and N (%d) must be multiples of 8", K, N);
+    constexpr size_t smem = pp_smem_bytes<BN, STAGES, STAGING>();
+    static_assert(smem <= kMaxSmemBytes, "ping-pong stages and staging exceed a block's shared memory");
+    auto kernel = gemm_pingpong_kernel<BN, STAGES, CLUSTER, STAGING, SOFTMAX_A>;
+    const CUtensorMap map_a = make_tensor_map(a, M, K, kBM), map_b = make_tensor_map(b, N, K, BN / CLUSTER),
+                      map_out = make_tensor_map(out, M, N, 64);
+    const int tiles = ((M + kBM * CLUSTER - 1) / (kBM * CLUSTER)) * ((N + BN - 1) / BN);
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = CLUSTER, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    static int resident = 0;  // as gemm_ours: every cluster of the persistent grid resident at once
+    if (!resident) {
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        config.gridDim = dim3(CLUSTER);
+        cuda_check(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+        if (resident < 1) fail("gemm_pingpong: no cluster of %d blocks fits on this GPU", CLUSTER);
+    }
+    config.gridDim = dim3(std::min(tiles, resident) * CLUSTER);
+    const int group = std::min(g_group, (M + kBM * CLUSTER - 1) / (kBM * CLUSTER));
+    cuda_check(cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_out, M, N, K, group, sg));
+}
+template <int BN, int STAGES, int CLUSTER, int STAGING> void gemm_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
+    launch_pingpong<BN, STAGES, CLUSTER, STAGING, false>(out, a, b, M, N, K, SoftmaxGrad{});
+}
+// Version 13: out = dlogits b^T with dlogits = softmax_grad(a) formed slice by slice in shared memory.
+void gemm_softmax_grad_fused(bf16* out, const bf16* logits, const bf16* b, int M, int N, int K, const SoftmaxGrad& sg) {
+    launch_pingpong<192, 4, 2, kStageHalves, true>(out, logits, b, M, N, K, sg);
+}
+
 void gemm_cublas(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
     matmul_forward<bf16>(out, a, b, nullptr, M, K, N);
 }
@@ -390,10 +687,12 @@ Product reference_at(const std::vector<bf16>& a, const std::vector<bf16>& b, int
 }
 
 using GemmFn = void (*)(bf16*, const bf16*, const bf16*, int, int, int);
-constexpr int kVersions = 7;
+constexpr int kVersions = 12;
 const char* version_name(int v) {
     static const char* names[] = {"",           "header (cuBLASLt)", "direct stores",     "TMA stores",
-                                  "TMA stores, 4 stages", "3 in pairs",        "5, b multicast", "4 in pairs, b multicast"};
+                                  "TMA stores, 4 stages", "3 in pairs",        "5, b multicast", "4 in pairs, b multicast",
+                                  "ping-pong 128x128", "8 in pairs, b multicast", "ping-pong 128x192",  "10 in pairs, b multicast",
+                                  "11, 5 stages, staging shared"};
     return names[v];
 }
 GemmFn version_fn(int v) {
@@ -404,7 +703,12 @@ GemmFn version_fn(int v) {
                                  gemm_ours<4, 128, 1, false>,
                                  gemm_ours<3, 256, 2, false>,
                                  gemm_ours<3, 256, 2, true>,
-                                 gemm_ours<4, 128, 2, true>};
+                                 gemm_ours<4, 128, 2, true>,
+                                 gemm_pingpong<128, 5, 1, kStageAll>,
+                                 gemm_pingpong<128, 5, 2, kStageAll>,
+                                 gemm_pingpong<192, 4, 1, kStageHalves>,
+                                 gemm_pingpong<192, 4, 2, kStageHalves>,
+                                 gemm_pingpong<192, 5, 2, kStageShared>};
     return fns[v];
 }
 
@@ -496,6 +800,137 @@ struct BenchShape {
     bool gpt2;  // one of d12's GEMMs (summed), else the reference shape
 };
 
+// ---------------------------------------------------------------------------------------------
+// Version 13, the LM head's input gradient with the classifier's gradient folded in: dx (M, C) =
+// dlogits W with dlogits = softmax_grad(logits) (SoftmaxGrad), where training today writes dlogits
+// over the logits in a pass of its own (classifier.cuh: 2.2 ms for 32768 rows on an H100) and then
+// runs the GEMM on it. Here the GEMM reads the logits and forms each slice of dlogits in shared memory
+// before its products (version 11's kernel; b = W^T, (C, Vp), K-major). Checks: the dlogits pass
+// against float64; the fused output bit for bit against version 11 on that pass's output (the same
+// values in the same order), and sampled against float64 from the logits.
+__global__ void softmax_grad_pass_kernel(bf16* out, const bf16* logits, SoftmaxGrad sg, int M, int Vp) {
+    const size_t chunks = size_t(M) * Vp / 8;  // 8 values (16 bytes) a thread; Vp % 8 == 0
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < chunks; i += size_t(gridDim.x) * blockDim.x) {
+        const int row = int(i * 8 / Vp), v0 = int(i * 8 % Vp);
+        const float lse_log2 = sg.lse[row] * 1.4426950408889634f;
+        const int target = sg.targets[row];
+        uint4 chunk = reinterpret_cast<const uint4*>(logits)[i];
+        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&chunk);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 x = __bfloat1622float2(h[e]);
+            h[e] = __floats2bfloat162_rn(softmax_grad(x.x, lse_log2, v0 + 2 * e, target, sg),
+                                         softmax_grad(x.y, lse_log2, v0 + 2 * e + 1, target, sg));
+        }
+        reinterpret_cast<uint4*>(out)[i] = chunk;
+    }
+}
+void softmax_grad_pass(bf16* out, const bf16* logits, const SoftmaxGrad& sg, int M, int Vp) {
+    softmax_grad_pass_kernel<<<132 * 8, 256>>>(out, logits, sg, M, Vp);
+    cuda_check_launch();
+}
+
+double softmax_grad_reference(double logit, double lse, int v, int target, const SoftmaxGrad& sg, double& exp_part) {
+    exp_part = v < sg.V ? std::exp(logit - lse) * sg.dloss : 0.0;
+    return v >= sg.V ? 0.0 : (std::exp(logit - lse) - (v == target ? 1.0 : 0.0)) * sg.dloss;
+}
+
+// M rows of logits (Vp columns, the first V real), W^T (C, Vp); validate and/or time.
+void classifier_backward(TestCounter& tests, int M, int C, int V, int Vp, bool validate, bool timing, Rng& rng) {
+    DeviceBuffer<bf16> d_logits(size_t(M) * Vp, "logits"), d_wt(size_t(C) * Vp, "W^T"), d_dlogits(size_t(M) * Vp, "dlogits");
+    DeviceBuffer<bf16> d_fused(size_t(M) * C, "dx fused"), d_unfused(size_t(M) * C, "dx unfused");
+    DeviceBuffer<float> d_lse(M, "lse");
+    DeviceBuffer<int> d_targets(M, "targets");
+    fill_random_kernel<<<1024, 256>>>(d_logits.ptr, size_t(M) * Vp, rng.next());  // logits in [-1, 1)
+    fill_random_kernel<<<1024, 256>>>(d_wt.ptr, size_t(C) * Vp, rng.next());
+    cuda_check_launch();
+    std::vector<float> lse(M);
+    std::vector<int> targets(M);
+    for (int i = 0; i < M; i++) lse[i] = std::log(float(V)) + rng.uniform(0.0f, 1.0f), targets[i] = int(rng.next() % V);  // p ~ 1/V, as trained
+    cuda_check(cudaMemcpy(d_lse.ptr, lse.data(), M * sizeof(float), cudaMemcpyHostToDevice));
+    cuda_check(cudaMemcpy(d_targets.ptr, targets.data(), M * sizeof(int), cudaMemcpyHostToDevice));
+    const SoftmaxGrad sg{d_lse.ptr, d_targets.ptr, 1.0f / 65536, V};  // dloss = 1 / (B T) at B = 64
+    auto unfused_cublas = [&] { softmax_grad_pass(d_dlogits.ptr, d_logits.ptr, sg, M, Vp); gemm_cublas(d_unfused.ptr, d_dlogits.ptr, d_wt.ptr, M, C, Vp); };
+    auto unfused_ours = [&] { softmax_grad_pass(d_dlogits.ptr, d_logits.ptr, sg, M, Vp); version_fn(11)(d_unfused.ptr, d_dlogits.ptr, d_wt.ptr, M, C, Vp); };
+    auto fused = [&] { gemm_softmax_grad_fused(d_fused.ptr, d_logits.ptr, d_wt.ptr, M, C, Vp, sg); };
+    if (validate) {
+        d_dlogits.poison();
+        d_fused.poison();
+        d_unfused.poison();
+        unfused_ours();
+        fused();
+        const std::vector<bf16> logits = d_logits.download(), wt = d_wt.download(), dlogits = d_dlogits.download();
+        const std::vector<bf16> got = d_fused.download(), pair = d_unfused.download();
+        // The pass: |got - ref| <= 2^-8 |ref| (bf16 rounding) + 2^-18 e^(x - lse) dloss (ex2.approx and the
+        // fp32 argument, ~2^-21 each); the padding exactly 0. Sampled rows, every column.
+        size_t bad_pass = 0, checked = 0;
+        double worst_pass = 0;
+        for (int s = 0; s < 16; s++) {
+            const int row = s == 0 ? 0 : s == 1 ? M - 1 : int(rng.next() % M);
+            for (int v = 0; v < Vp; v++) {
+                double e;
+                const double ref = softmax_grad_reference(__bfloat162float(logits[size_t(row) * Vp + v]), lse[row], v, targets[row], sg, e);
+                const double g = __bfloat162float(dlogits[size_t(row) * Vp + v]);
+                const double r = v >= V ? (g == 0.0 ? 0.0 : INFINITY) : std::fabs(g - ref) / (std::ldexp(std::fabs(ref), -8) + std::ldexp(e, -18) + 1e-30);
+                if (!(r <= 1)) bad_pass++;
+                worst_pass = std::max(worst_pass, std::isfinite(r) ? r : INFINITY);
+                checked++;
+            }
+        }
+        size_t differ = 0;
+        for (size_t e = 0; e < got.size(); e++) differ += memcmp(&got[e], &pair[e], sizeof(bf16)) != 0 || !std::isfinite(__bfloat162float(got[e]));
+        // The fused output against float64 from the logits: sum_v dlogits W^T with each term's dlogits
+        // error as above, the fp32 accumulation (4 K 2^-24 sum|p w|) and the output's bf16 rounding.
+        size_t bad_ref = 0;
+        double worst_ref = 0;
+        for (int s = 0; s < 256; s++) {
+            const int row = s == 0 ? 0 : s == 1 ? M - 1 : int(rng.next() % M), col = s == 1 ? C - 1 : int(rng.next() % C);
+            double ref = 0, mag = 0, pass_err = 0;
+            for (int v = 0; v < Vp; v++) {
+                double e;
+                const double p = softmax_grad_reference(__bfloat162float(logits[size_t(row) * Vp + v]), lse[row], v, targets[row], sg, e);
+                const double w = __bfloat162float(wt[size_t(col) * Vp + v]);
+                ref += p * w, mag += std::fabs(p * w), pass_err += std::fabs(w) * (std::ldexp(std::fabs(p), -8) + std::ldexp(e, -18));
+            }
+            const double g = __bfloat162float(got[size_t(row) * C + col]);
+            const double bound = pass_err + 4.0 * Vp * std::ldexp(1.0, -24) * mag + std::ldexp(std::fabs(ref), -8) + 1e-30;
+            const double r = std::fabs(g - ref) / bound;
+            if (!(r <= 1)) bad_ref++;
+            worst_ref = std::max(worst_ref, std::isfinite(r) ? r : INFINITY);
+        }
+        printf("  v13 dx = dlogits W  M %5d C %4d V %5d Vp %5d  %s dlogits pass vs CPU: worst err/bound %.3f (%zu/%zu bad); "
+               "fused vs v11 on that pass: %zu/%zu elements differ; fused vs CPU: worst err/bound %.3f (%zu/256 bad)\n",
+               M, C, V, Vp, bad_pass || differ || bad_ref ? "FAIL" : "ok  ", worst_pass, bad_pass, checked, differ, got.size(),
+               worst_ref, bad_ref);
+        tests.record(bad_pass == 0);
+        tests.record(differ == 0);
+        tests.record(bad_ref == 0);
+    }
+    if (!timing) return;
+    // Contestants in turn, as the benchmark's rounds; the median of each one's 20 calls.
+    const char* names[] = {"dlogits pass", "cuBLAS GEMM on dlogits", "pass + cuBLAS", "pass + v11", "v13 fused"};
+    std::function<void()> runs[] = {[&] { softmax_grad_pass(d_dlogits.ptr, d_logits.ptr, sg, M, Vp); },
+                                    [&] { gemm_cublas(d_unfused.ptr, d_dlogits.ptr, d_wt.ptr, M, C, Vp); }, unfused_cublas, unfused_ours, fused};
+    constexpr int kContestants = 5, kRounds = 5, kCallsPerRound = 4;
+    std::vector<float> samples[kContestants];
+    for (auto& run : runs) run();  // cuBLASLt's tuning
+    for (int round = 0; round < kRounds; round++)
+        for (int i = 0; i < kContestants; i++) {
+            const int c = (i + round) % kContestants;
+            const std::vector<float> ms = time_each_ms(runs[c], 1, kCallsPerRound);
+            samples[c].insert(samples[c].end(), ms.begin(), ms.end());
+        }
+    const double copy_gbs = measure_copy_bandwidth_gbs();
+    printf("\nLM head's dx with the classifier's gradient (M %d, C %d, Vp %d; median of %d calls, in turn), ms:\n", M, C, Vp,
+           kRounds * kCallsPerRound);
+    for (int c = 0; c < kContestants; c++) {
+        std::sort(samples[c].begin(), samples[c].end());
+        printf("  %-24s %8.4f\n", names[c], samples[c][samples[c].size() / 2]);
+    }
+    printf("  (a pass over the logits at this run's copy bandwidth, %.0f GB/s, reading and writing %.2f GB: %.4f ms)\n", copy_gbs,
+           4.0 * M * Vp / 1e9, 4.0 * M * Vp / (copy_gbs * 1e9) * 1e3);
+}
+
 // The persistent loop's tile order (tile_origin, run here on the CPU): tiles 0 .. num_m num_n - 1 must
 // name every (row unit, column tile) exactly once, inside the matrix, for any group size.
 void check_tile_order(TestCounter& tests) {
@@ -507,7 +942,7 @@ void check_tile_order(TestCounter& tests) {
                 bool ok = true;
                 for (int t = 0; t < num_m * num_n; t++) {
                     int m0, n0;
-                    tile_origin(t, num_m, num_n, std::min(group, num_m), kBM, m0, n0);
+                    tile_origin(t, num_m, num_n, std::min(group, num_m), kBM, kBN, m0, n0);
                     const int m = m0 / kBM, n = n0 / kBN;
                     if (m0 % kBM || n0 % kBN || m < 0 || m >= num_m || n < 0 || n >= num_n) ok = false;
                     else seen[size_t(m) * num_n + n]++;
@@ -523,15 +958,20 @@ void check_tile_order(TestCounter& tests) {
 
 void usage(FILE* f) {
     fprintf(f,
-            "usage: matmul_wgmma [--check | --no-validate] [--rows R] [--group G]\n"
+            "usage: matmul_wgmma [--check | --no-validate] [--rows R] [--group G] [--versions V,V..] [--shape NAME]\n"
             "  --check        validate at small shapes and the benchmark shapes (no timing)\n"
             "  --no-validate  benchmark only\n"
             "  --rows R       rows of the forward GEMMs (default 65536, with --check 8192; the LM head takes R / 2)\n"
-            "  --group G      row tiles (pairs in 5-7) per group in the tile order of versions 2-7 (default 16)\n");
+            "  --group G      row tiles (pairs in 5-7, 9, 11, 12) per group in the tile order of versions 2-12 (default 16)\n"
+            "  --versions L   benchmark only these versions, e.g. 1,5 (default all)\n"
+            "  --shape NAME   benchmark only this shape (qkv, attproj, fc, fcproj, lmhead, 8192^3, or lmhead-dx: version 13),\n"
+            "                 e.g. under a profiler\n");
 }
 
 int main(int argc, char** argv) {
-    bool check_only = false, validate = true;
+    bool check_only = false, validate = true, run_version[kVersions + 1];
+    std::fill(std::begin(run_version), std::end(run_version), true);
+    std::string only_shape;
     int rows = 0;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
@@ -540,6 +980,15 @@ int main(int argc, char** argv) {
         else if (a == "--no-validate") validate = false;
         else if (a == "--rows") rows = parse_int(flag_value(argc, argv, i, usage), "--rows", 2, usage);
         else if (a == "--group") g_group = parse_int(flag_value(argc, argv, i, usage), "--group", 1, usage);
+        else if (a == "--versions") {
+            std::fill(std::begin(run_version), std::end(run_version), false);
+            std::stringstream list(flag_value(argc, argv, i, usage));
+            for (std::string v; std::getline(list, v, ',');) {
+                const int version = parse_int(v.c_str(), "--versions", 1, usage);
+                if (version > kVersions) fail("--versions: there is no version %d (1..%d)", version, kVersions);
+                run_version[version] = true;
+            }
+        } else if (a == "--shape") only_shape = flag_value(argc, argv, i, usage);
         else {
             usage(stderr);
             fail("unknown argument '%s'", argv[i]);
@@ -550,6 +999,15 @@ int main(int argc, char** argv) {
         fail("--check and --no-validate exclude each other");
     }
     if (!rows) rows = check_only ? 8192 : 65536;  // --check: every shape's N and K, fewer rows
+    const BenchShape shapes[] = {{"qkv", rows, 2304, 768, true},    {"attproj", rows, 768, 768, true},
+                                 {"fc", rows, 3072, 768, true},     {"fcproj", rows, 768, 3072, true},
+                                 {"lmhead", rows / 2, 50304, 768, true}, {"8192^3", 8192, 8192, 8192, false}};
+    const char* kClassifierShape = "lmhead-dx";  // version 13's benchmark
+    const bool gemm_table = only_shape != kClassifierShape, classifier = only_shape.empty() || !gemm_table;
+    if (!only_shape.empty() && gemm_table &&
+        std::none_of(std::begin(shapes), std::end(shapes), [&](const BenchShape& s) { return only_shape == s.name; }))
+        fail("--shape: no benchmark shape is called '%s'", only_shape.c_str());
+    const auto skipped = [&](const BenchShape& s) { return !only_shape.empty() && only_shape != s.name; };
     TestCounter tests;
     check_tile_order(tests);  // host code: runs everywhere
     if (!cuda_device_available()) {
@@ -571,9 +1029,6 @@ int main(int argc, char** argv) {
     if (validate)
         for (auto& s : small) check_small(tests, s[0], s[1], s[2], rng);
 
-    const BenchShape shapes[] = {{"qkv", rows, 2304, 768, true},    {"attproj", rows, 768, 768, true},
-                                 {"fc", rows, 3072, 768, true},     {"fcproj", rows, 768, 3072, true},
-                                 {"lmhead", rows / 2, 50304, 768, true}, {"8192^3", 8192, 8192, 8192, false}};
     size_t max_a = 0, max_b = 0, max_out = 0;
     for (auto& s : shapes) {
         max_a = std::max(max_a, size_t(s.M) * s.K);
@@ -584,34 +1039,80 @@ int main(int argc, char** argv) {
     if (validate) printf("\nvalidation, benchmark shapes:\n");
     for (auto& s : shapes) {
         if (!validate) break;
+        if (skipped(s)) continue;
         fill_random_kernel<<<1024, 256>>>(d_a.ptr, size_t(s.M) * s.K, rng.next());
         fill_random_kernel<<<1024, 256>>>(d_b.ptr, size_t(s.N) * s.K, rng.next());
         cuda_check_launch();
         check_large(tests, s.name, d_a.ptr, d_b.ptr, s.M, s.N, s.K, rng);
     }
+    if (validate && classifier) {
+        printf("\nvalidation, version 13 (the LM head's dx from the logits):\n");
+        classifier_backward(tests, 300, 776, 1000, 1024, true, false, rng);  // rows and columns not multiples of the tiles
+        if (check_only) classifier_backward(tests, rows / 2, 768, 50257, 50304, true, false, rng);
+    }
     if (check_only || tests.failed) return tests.finish();
+    if (!gemm_table) {
+        classifier_backward(tests, rows / 2, 768, 50257, 50304, validate, true, rng);
+        return tests.finish();
+    }
 
-    printf("\nbenchmark: median of 20 runs after 3 warm-ups, ms (TFLOP/s = 2 M N K / time), random operands in [-1, 1)\n");
+    // The versions take turns (5 rounds; in each, every version 1 warm-up and 4 timed calls, the order
+    // rotating), so a GPU warming up under its power cap slows them alike; a version's figure is the
+    // median of its 20 timed calls.
+    constexpr int kRounds = 5, kCallsPerRound = 4;
+    printf("\nbenchmark: median of %d runs (%d rounds, the versions in turn), ms (TFLOP/s = 2 M N K / time), random "
+           "operands in [-1, 1)\n", kRounds * kCallsPerRound, kRounds);
     printf("%-8s %6s %6s %6s", "shape", "M", "N", "K");
-    for (int v = 1; v <= kVersions; v++) printf("  %26s", ("v" + std::to_string(v) + " " + version_name(v)).c_str());
+    std::vector<int> versions;
+    for (int v = 1; v <= kVersions; v++)
+        if (run_version[v]) {
+            versions.push_back(v);
+            printf("  %26s", ("v" + std::to_string(v) + " " + version_name(v)).c_str());
+        }
     printf("\n");
     DeviceBuffer<bf16> d_out(max_out, "out");
     double sum[kVersions + 1] = {};
+    bool all_gpt2_shapes = true;
     for (auto& s : shapes) {
-        fill_random_kernel<<<1024, 256>>>(d_a.ptr, size_t(s.M) * s.K, rng.next());
-        fill_random_kernel<<<1024, 256>>>(d_b.ptr, size_t(s.N) * s.K, rng.next());
+        const uint64_t seed_a = rng.next(), seed_b = rng.next();  // drawn for every shape: the same operands under --shape
+        if (skipped(s)) {
+            all_gpt2_shapes = all_gpt2_shapes && !s.gpt2;
+            continue;
+        }
+        fill_random_kernel<<<1024, 256>>>(d_a.ptr, size_t(s.M) * s.K, seed_a);
+        fill_random_kernel<<<1024, 256>>>(d_b.ptr, size_t(s.N) * s.K, seed_b);
         cuda_check_launch();
         const double flops = 2.0 * s.M * s.N * s.K;
         printf("%-8s %6d %6d %6d", s.name, s.M, s.N, s.K);
-        for (int v = 1; v <= kVersions; v++) {
-            const float ms = time_median_ms([&] { version_fn(v)(d_out.ptr, d_a.ptr, d_b.ptr, s.M, s.N, s.K); }, 3, 20);
+        auto call = [&](int v) { version_fn(v)(d_out.ptr, d_a.ptr, d_b.ptr, s.M, s.N, s.K); };
+        for (int v : versions) call(v);  // cuBLASLt's tuning runs here, before a profiler's range
+        std::vector<std::vector<float>> samples(kVersions + 1);
+        cuda_check(cudaProfilerStart());  // `ncu --profile-from-start off` sees only the timed calls
+        for (int round = 0; round < kRounds; round++)
+            for (size_t i = 0; i < versions.size(); i++) {
+                const int v = versions[(i + round) % versions.size()];
+                const std::vector<float> ms = time_each_ms([&] { call(v); }, 1, kCallsPerRound);
+                samples[v].insert(samples[v].end(), ms.begin(), ms.end());
+            }
+        cuda_check(cudaProfilerStop());
+        for (int v : versions) {
+            std::vector<float>& t = samples[v];
+            std::sort(t.begin(), t.end());
+            const float ms = t[t.size() / 2];
             printf("  %17.4f (%6.1f)", ms, flops / ms * 1e-9);
             if (s.gpt2) sum[v] += ms;
         }
         printf("\n");
     }
-    printf("GPT-2 shapes summed, ms:");
-    for (int v = 1; v <= kVersions; v++) printf(" v%d %.3f (%.3f of cuBLAS)", v, sum[v], sum[v] / sum[1]);
-    printf("\n");
+    if (all_gpt2_shapes) {
+        printf("GPT-2 shapes summed, ms:");
+        for (int v = 1; v <= kVersions; v++) {
+            if (!run_version[v]) continue;
+            printf(" v%d %.3f", v, sum[v]);
+            if (run_version[1]) printf(" (%.3f of cuBLAS)", sum[v] / sum[1]);
+        }
+        printf("\n");
+    }
+    if (classifier) classifier_backward(tests, rows / 2, 768, 50257, 50304, validate, true, rng);
     return tests.finish();
 }
