@@ -38,6 +38,8 @@
 //   12 11 with 5 stages: the two consumers share one 64-row staging buffer.
 //   13 (its own benchmark, --shape lmhead-dx) the LM head's input gradient dx = dlogits W read from
 //      the logits: 11 forming each slice of the classifier's gradient in shared memory first.
+//   14 (its own benchmark, --shape lmhead-exp) the LM head's forward writing exp(logits) with each
+//      row's sums and target logit from 11's epilogue, then the losses: no pass over the logits.
 // What they measured (H100, 2026-11-25) is in docs/matmul.md: the TMA stores took ours from ~0.55x
 // to ~0.75-0.9x of cuBLAS's rate at these shapes, the pairs to ~0.84-0.93x, ping-pong tiles of
 // 128 x 192 in pairs (11) to about cuBLAS's (0.98-0.99x of its time summed, the versions in turn).
@@ -57,6 +59,7 @@
 #include "dev/lab.cuh"
 #include "flash_attention.cuh"  // smem_u32, sw128_desc, the wgmma fences and waits, keep_regs,
                                 // fence_proxy_async_smem, wgmma_available
+#include "classifier.cuh"
 #include "matmul.cuh"
 
 using bf16 = __nv_bfloat16;
@@ -429,10 +432,43 @@ __global__ void softmax_grad_kernel(bf16* out, const bf16* logits, SoftmaxGrad s
     }
 }
 
-template <int BN, int STAGES, int CLUSTER, int STAGING, bool SOFTMAX_A = false>
+// Version 14's epilogue: the LM head's forward writing E = exp(logit - c) instead of the logits (0 in
+// the padding columns) and each row's sum of E over each column tile.
+struct ExpOut {
+    float c;           // a constant: exp(logit - c) must stay within fp32's (and bf16's) range
+    int V;             // real columns; V..N-1 are padding
+    float* tile_sums;  // (M, column tiles): sum of E over the tile's columns, in fp32 before rounding
+};
+
+// Version 14's epilogue on one consumer's 64 rows: acc[4 jj + e] is row row0 + 8 (e / 2), column n0 +
+// 8 jj + 2 (lane % 4) + e % 2. Replaces each value by E and sums E by row over the tile (the row's 4
+// lanes in a fixed order). (Taking the target column's logit here too spilled registers; the loss
+// kernel computes that one logit again instead.)
+template <int BN>
+__device__ __forceinline__ void exp_epilogue(float (&acc)[BN / 2], int row0, int n0, int lane, int M, int num_n, const ExpOut& eo) {
+    const float c_log2 = eo.c * 1.4426950408889634f;
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+        const int row = row0 + 8 * e2, real = eo.V - (n0 + 2 * (lane % 4));  // this thread's real columns
+        float sum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float& x = acc[4 * jj + 2 * e2 + e];
+                x = 8 * jj + e < real ? exp2_ftz(fmaf(x, 1.4426950408889634f, -c_log2)) : 0.0f;
+                sum += x;
+            }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (lane % 4 == 0 && row < M) eo.tile_sums[size_t(row) * num_n + n0 / BN] = sum;
+    }
+}
+
+template <int BN, int STAGES, int CLUSTER, int STAGING, bool SOFTMAX_A = false, bool EXP_OUT = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                         const __grid_constant__ CUtensorMap map_out, int M, int N, int K, int group, SoftmaxGrad sg) {
+                         const __grid_constant__ CUtensorMap map_out, int M, int N, int K, int group, SoftmaxGrad sg, ExpOut eo) {
     static_assert(BN == 128 || BN == 192, "tile width");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster size");
 #ifdef FLASH_HAVE_WGMMA
@@ -563,9 +599,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             keep_regs(acc0);
             keep_regs(acc1);
             release(previous);
+            const int r = warp * 16 + lane / 4;
+            if constexpr (EXP_OUT) {
+                exp_epilogue<BN>(acc0, m0 + r, n0, lane, M, num_n, eo);
+                exp_epilogue<BN>(acc1, m0 + 64 + r, n0, lane, M, num_n, eo);
+            }
             // Staging: 64 x 64 boxes, 128-byte swizzled; box h kBoxes + c holds rows 64 h.., columns 64 c..
             // (with halves each half h in turn goes to boxes 0 .. kBoxes - 1).
-            const int r = warp * 16 + lane / 4;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 if (h == 0 || kHalves) {
@@ -611,12 +651,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int BN, int STAGES, int CLUSTER, int STAGING, bool SOFTMAX_A>
-void launch_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int K, SoftmaxGrad sg) {
+template <int BN, int STAGES, int CLUSTER, int STAGING, bool SOFTMAX_A, bool EXP_OUT = false>
+void launch_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int K, SoftmaxGrad sg, ExpOut eo = {}) {
     if (K % 8 || N % 8) fail("gemm_pingpong: K (%d) and N (%d) must be multiples of 8", K, N);
     constexpr size_t smem = pp_smem_bytes<BN, STAGES, STAGING>();
     static_assert(smem <= kMaxSmemBytes, "ping-pong stages and staging exceed a block's shared memory");
-    auto kernel = gemm_pingpong_kernel<BN, STAGES, CLUSTER, STAGING, SOFTMAX_A>;
+    auto kernel = gemm_pingpong_kernel<BN, STAGES, CLUSTER, STAGING, SOFTMAX_A, EXP_OUT>;
     const CUtensorMap map_a = make_tensor_map(a, M, K, kBM), map_b = make_tensor_map(b, N, K, BN / CLUSTER),
                       map_out = make_tensor_map(out, M, N, 64);
     const int tiles = ((M + kBM * CLUSTER - 1) / (kBM * CLUSTER)) * ((N + BN - 1) / BN);
@@ -637,7 +677,7 @@ void launch_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int 
     }
     config.gridDim = dim3(std::min(tiles, resident) * CLUSTER);
     const int group = std::min(g_group, (M + kBM * CLUSTER - 1) / (kBM * CLUSTER));
-    cuda_check(cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_out, M, N, K, group, sg));
+    cuda_check(cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_out, M, N, K, group, sg, eo));
 }
 template <int BN, int STAGES, int CLUSTER, int STAGING> void gemm_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
     launch_pingpong<BN, STAGES, CLUSTER, STAGING, false>(out, a, b, M, N, K, SoftmaxGrad{});
@@ -645,6 +685,11 @@ template <int BN, int STAGES, int CLUSTER, int STAGING> void gemm_pingpong(bf16*
 // Version 13: out = dlogits b^T with dlogits = softmax_grad(a) formed slice by slice in shared memory.
 void gemm_softmax_grad_fused(bf16* out, const bf16* logits, const bf16* b, int M, int N, int K, const SoftmaxGrad& sg) {
     launch_pingpong<192, 4, 2, kStageHalves, true>(out, logits, b, M, N, K, sg);
+}
+// Version 14: out = E (see ExpOut) of a b^T, with its row sums by column tile and the target logits.
+constexpr int kExpTileCols = 192;
+void gemm_exp_out(bf16* out, const bf16* a, const bf16* b, int M, int N, int K, const ExpOut& eo) {
+    launch_pingpong<kExpTileCols, 4, 2, kStageHalves, false, true>(out, a, b, M, N, K, SoftmaxGrad{}, eo);
 }
 
 void gemm_cublas(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
@@ -931,6 +976,123 @@ void classifier_backward(TestCounter& tests, int M, int C, int V, int Vp, bool v
            4.0 * M * Vp / 1e9, 4.0 * M * Vp / (copy_gbs * 1e9) * 1e3);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Version 14, the LM head's forward for a classifier without its pass over the logits: E = exp(logit
+// - c) written instead of the logits, with each row's sum of E by column tile and its target logit,
+// from version 11's epilogue (which ping-pong hides behind the other consumer's products). A small
+// kernel then makes each row's loss = log(S) + c - logit[target], the target logit again as a dot
+// product of x and W's row (C terms in fp32). dlogits = dloss (E / S - onehot): the backward GEMMs
+// could read E as it is (see docs/matmul.md). Checks against float64 on sampled rows: E at every
+// column (the padding exactly 0), S and the loss.
+__global__ void exp_rows_loss_kernel(float* losses, const float* tile_sums, const bf16* x, const bf16* w, const int* targets,
+                                     float c, int M, int C, int tiles) {
+    const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= M) return;
+    float s = 0.0f, logit = 0.0f;
+    for (int t = lane; t < tiles; t += 32) s += tile_sums[size_t(row) * tiles + t];
+    const bf16* xr = x + size_t(row) * C;
+    const bf16* wr = w + size_t(targets[row]) * C;
+    for (int k = lane; k < C; k += 32) logit = fmaf(__bfloat162float(xr[k]), __bfloat162float(wr[k]), logit);
+    for (int o = 16; o > 0; o >>= 1) {  // the same order every run
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        logit += __shfl_xor_sync(0xffffffffu, logit, o);
+    }
+    if (lane == 0) losses[row] = logf(s) + c - logit;
+}
+
+void lm_head_exp_forward(TestCounter& tests, int M, int Vp, int C, int V, bool validate, bool timing, Rng& rng) {
+    const int tiles = (Vp + kExpTileCols - 1) / kExpTileCols;
+    DeviceBuffer<bf16> d_x(size_t(M) * C, "x"), d_w(size_t(Vp) * C, "W"), d_out(size_t(M) * Vp, "E");
+    DeviceBuffer<float> d_sums(size_t(M) * tiles, "tile sums"), d_losses(M, "losses");
+    DeviceBuffer<int> d_targets(M, "targets");
+    fill_random_kernel<<<1024, 256>>>(d_x.ptr, size_t(M) * C, rng.next());
+    fill_random_kernel<<<1024, 256>>>(d_w.ptr, size_t(Vp) * C, rng.next());
+    cuda_check_launch();
+    std::vector<int> targets(M);
+    for (int& t : targets) t = int(rng.next() % V);
+    cuda_check(cudaMemcpy(d_targets.ptr, targets.data(), M * sizeof(int), cudaMemcpyHostToDevice));
+    const float c = 0.0f;  // the lab's logits (|x| < 1, |w| < 1, C terms) stay within about +-60: no shift needed
+    const ExpOut eo{c, V, d_sums.ptr};
+    auto forward = [&] {
+        gemm_exp_out(d_out.ptr, d_x.ptr, d_w.ptr, M, Vp, C, eo);
+        exp_rows_loss_kernel<<<(M + 7) / 8, 256>>>(d_losses.ptr, d_sums.ptr, d_x.ptr, d_w.ptr, d_targets.ptr, c, M, C, tiles);
+        cuda_check_launch();
+    };
+    if (validate) {
+        d_out.poison();
+        d_sums.poison();
+        d_losses.poison();
+        forward();
+        const std::vector<bf16> x = d_x.download(), w = d_w.download(), e = d_out.download();
+        const std::vector<float> sums = d_sums.download(), losses = d_losses.download();
+        // A logit's error is the GEMM's (4 C 2^-24 sum|x w|); exp carries it as a relative error, plus
+        // ex2.approx and its fp32 argument (2^-20) and E's bf16 rounding (2^-8).
+        size_t bad_e = 0, bad_row = 0, checked = 0;
+        double worst_e = 0, worst_row = 0;
+        for (int s = 0; s < 8; s++) {
+            const int row = s == 0 ? 0 : s == 1 ? M - 1 : int(rng.next() % M);
+            double S = 0, S_err = 0, target_ref = 0, target_err = 0;
+            for (int v = 0; v < Vp; v++) {
+                const Product p = reference_at(x, w, C, row, v);
+                const double logit_err = 4.0 * C * std::ldexp(1.0, -24) * p.mag;
+                const double g = __bfloat162float(e[size_t(row) * Vp + v]);
+                double r;
+                if (v >= V) r = g == 0.0 ? 0.0 : INFINITY;
+                else {
+                    const double ref = std::exp(p.value - c);
+                    r = std::fabs(g - ref) / (ref * (std::ldexp(1.0, -8) + 1.01 * logit_err + std::ldexp(1.0, -20)) + 1e-30);
+                    S += ref, S_err += ref * (1.01 * logit_err + std::ldexp(1.0, -20));
+                }
+                if (v == targets[row]) target_ref = p.value, target_err = logit_err;
+                if (!(r <= 1)) bad_e++;
+                worst_e = std::max(worst_e, std::isfinite(r) ? r : INFINITY);
+                checked++;
+            }
+            double S_got = 0;
+            for (int t = 0; t < tiles; t++) S_got += sums[size_t(row) * tiles + t];
+            S_err += 128.0 * std::ldexp(1.0, -24) * S;  // fp32 sums of <= 128 terms deep
+            const double loss_ref = std::log(S) + c - target_ref;
+            // The loss: S's relative error, the recomputed logit's (the same fp32 bound), logf's few ulps.
+            const double rs[2] = {std::fabs(S_got - S) / S_err,
+                                  std::fabs(losses[row] - loss_ref) / (S_err / S + target_err + 1e-6 * std::fabs(loss_ref) + 1e-6)};
+            for (double r : rs) {
+                if (!(r <= 1)) bad_row++;
+                worst_row = std::max(worst_row, std::isfinite(r) ? r : INFINITY);
+            }
+        }
+        printf("  v14 E = exp(x W^T)  M %5d Vp %5d C %4d V %5d  %s E vs CPU: worst err/bound %.3f (%zu/%zu bad); row sums "
+               "and losses: worst err/bound %.3f (%zu/16 bad)\n",
+               M, Vp, C, V, bad_e || bad_row ? "FAIL" : "ok  ", worst_e, bad_e, checked, worst_row, bad_row);
+        tests.record(bad_e == 0);
+        tests.record(bad_row == 0);
+    }
+    if (!timing) return;
+    DeviceBuffer<bf16> d_logits(size_t(M) * Vp, "logits");
+    const char* names[] = {"cuBLAS GEMM (logits)", "classifier pass", "cuBLAS + classifier", "v11 GEMM (logits)", "v14 (E, sums)", "v14 + losses"};
+    std::function<void()> runs[] = {[&] { gemm_cublas(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C); },
+                                    [&] { fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, 1.0f / 65536, M, V, Vp); },
+                                    [&] {
+                                        gemm_cublas(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C);
+                                        fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, 1.0f / 65536, M, V, Vp);
+                                    },
+                                    [&] { version_fn(11)(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C); },
+                                    [&] { gemm_exp_out(d_out.ptr, d_x.ptr, d_w.ptr, M, Vp, C, eo); }, forward};
+    constexpr int kContestants = 6, kRounds = 5, kCallsPerRound = 4;
+    std::vector<float> samples[kContestants];
+    for (auto& run : runs) run();  // cuBLASLt's tuning
+    for (int round = 0; round < kRounds; round++)
+        for (int i = 0; i < kContestants; i++) {
+            const int k = (i + round) % kContestants;
+            const std::vector<float> ms = time_each_ms(runs[k], 1, kCallsPerRound);
+            samples[k].insert(samples[k].end(), ms.begin(), ms.end());
+        }
+    printf("\nLM head's forward and loss (M %d, Vp %d, C %d; median of %d calls, in turn), ms:\n", M, Vp, C, kRounds * kCallsPerRound);
+    for (int k = 0; k < kContestants; k++) {
+        std::sort(samples[k].begin(), samples[k].end());
+        printf("  %-24s %8.4f\n", names[k], samples[k][samples[k].size() / 2]);
+    }
+}
+
 // The persistent loop's tile order (tile_origin, run here on the CPU): tiles 0 .. num_m num_n - 1 must
 // name every (row unit, column tile) exactly once, inside the matrix, for any group size.
 void check_tile_order(TestCounter& tests) {
@@ -964,7 +1126,8 @@ void usage(FILE* f) {
             "  --rows R       rows of the forward GEMMs (default 65536, with --check 8192; the LM head takes R / 2)\n"
             "  --group G      row tiles (pairs in 5-7, 9, 11, 12) per group in the tile order of versions 2-12 (default 16)\n"
             "  --versions L   benchmark only these versions, e.g. 1,5 (default all)\n"
-            "  --shape NAME   benchmark only this shape (qkv, attproj, fc, fcproj, lmhead, 8192^3, or lmhead-dx: version 13),\n"
+            "  --shape NAME   benchmark only this shape (qkv, attproj, fc, fcproj, lmhead, 8192^3; lmhead-dx: version 13;\n"
+            "                 lmhead-exp: version 14),\n"
             "                 e.g. under a profiler\n");
 }
 
@@ -1002,8 +1165,9 @@ int main(int argc, char** argv) {
     const BenchShape shapes[] = {{"qkv", rows, 2304, 768, true},    {"attproj", rows, 768, 768, true},
                                  {"fc", rows, 3072, 768, true},     {"fcproj", rows, 768, 3072, true},
                                  {"lmhead", rows / 2, 50304, 768, true}, {"8192^3", 8192, 8192, 8192, false}};
-    const char* kClassifierShape = "lmhead-dx";  // version 13's benchmark
-    const bool gemm_table = only_shape != kClassifierShape, classifier = only_shape.empty() || !gemm_table;
+    // Versions 13 and 14 have benchmarks of their own.
+    const bool only_13 = only_shape == "lmhead-dx", only_14 = only_shape == "lmhead-exp", gemm_table = !only_13 && !only_14;
+    const bool classifier = only_shape.empty() || only_13, exp_forward = only_shape.empty() || only_14;
     if (!only_shape.empty() && gemm_table &&
         std::none_of(std::begin(shapes), std::end(shapes), [&](const BenchShape& s) { return only_shape == s.name; }))
         fail("--shape: no benchmark shape is called '%s'", only_shape.c_str());
@@ -1050,9 +1214,15 @@ int main(int argc, char** argv) {
         classifier_backward(tests, 300, 776, 1000, 1024, true, false, rng);  // rows and columns not multiples of the tiles
         if (check_only) classifier_backward(tests, rows / 2, 768, 50257, 50304, true, false, rng);
     }
+    if (validate && exp_forward) {
+        printf("\nvalidation, version 14 (the LM head's forward writing exp(logits), row sums, losses):\n");
+        lm_head_exp_forward(tests, 300, 1000, 200, 995, true, false, rng);  // V inside the last column tile
+        lm_head_exp_forward(tests, rows / 2, 50304, 768, 50257, true, false, rng);
+    }
     if (check_only || tests.failed) return tests.finish();
     if (!gemm_table) {
-        classifier_backward(tests, rows / 2, 768, 50257, 50304, validate, true, rng);
+        if (only_13) classifier_backward(tests, rows / 2, 768, 50257, 50304, validate, true, rng);
+        if (only_14) lm_head_exp_forward(tests, rows / 2, 50304, 768, 50257, false, true, rng);
         return tests.finish();
     }
 
@@ -1114,5 +1284,6 @@ int main(int argc, char** argv) {
         printf("\n");
     }
     if (classifier) classifier_backward(tests, rows / 2, 768, 50257, 50304, validate, true, rng);
+    if (exp_forward) lm_head_exp_forward(tests, rows / 2, 50304, 768, 50257, false, true, rng);
     return tests.finish();
 }
