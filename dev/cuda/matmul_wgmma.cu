@@ -347,6 +347,30 @@ CUtensorMap make_tensor_map(const bf16* ptr, int rows, int K, int box_rows) {
 
 int g_group = 16;  // --group
 
+// Launches a persistent kernel of kThreads-thread blocks in clusters of `cluster` along x: one block
+// an SM, at most `tiles` clusters. The grid must fit at once: the clusters the GPU can hold together
+// (a GPC whose SM count is odd leaves one SM out of pairs); one more would run after the others,
+// doubling the time. `resident` (the caller's, one per kernel) caches that count.
+template <typename... KernelArgs, typename... Args>
+void launch_persistent(void (*kernel)(KernelArgs...), size_t smem, int cluster, int tiles, int& resident, Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (!resident) {
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        config.gridDim = dim3(cluster);
+        cuda_check(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+        if (resident < 1) fail("no cluster of %d blocks of this GEMM fits on this GPU", cluster);
+    }
+    config.gridDim = dim3(std::min(tiles, resident) * cluster);
+    cuda_check(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
 template <int STAGES, int STORE_COLS, int CLUSTER, bool MULTICAST> void gemm_ours(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
     if (K % 8 || N % 8) fail("gemm_ours: K (%d) and N (%d) must be multiples of 8", K, N);
     constexpr size_t smem = smem_bytes<STAGES, STORE_COLS>();
@@ -354,27 +378,10 @@ template <int STAGES, int STORE_COLS, int CLUSTER, bool MULTICAST> void gemm_our
     auto kernel = gemm_tma_wgmma_kernel<STAGES, STORE_COLS, CLUSTER, MULTICAST>;
     const CUtensorMap map_a = make_tensor_map(a, M, K, kBM), map_b = make_tensor_map(b, N, K, MULTICAST ? kBN / CLUSTER : kBN),
                       map_out = make_tensor_map(out, M, N, 64);
-    const int tiles = ((M + kBM * CLUSTER - 1) / (kBM * CLUSTER)) * ((N + kBN - 1) / kBN);
-    cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = CLUSTER, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    // A persistent grid must fit at once: the clusters the GPU can hold together (a GPC whose SM count
-    // is odd leaves one SM out of pairs); one more would run after the others, doubling the time.
+    const int num_m = (M + kBM * CLUSTER - 1) / (kBM * CLUSTER), tiles = num_m * ((N + kBN - 1) / kBN);
     static int resident = 0;
-    if (!resident) {
-        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        config.gridDim = dim3(CLUSTER);
-        cuda_check(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-        if (resident < 1) fail("gemm_ours: no cluster of %d blocks fits on this GPU", CLUSTER);
-    }
-    config.gridDim = dim3(std::min(tiles, resident) * CLUSTER);
-    const int group = std::min(g_group, (M + kBM * CLUSTER - 1) / (kBM * CLUSTER));  // more rows than the matrix has: the same order
-    cuda_check(cudaLaunchKernelEx(&config, kernel, out, map_a, map_b, map_out, M, N, K, group));
+    const int group = std::min(g_group, num_m);  // more rows than the matrix has: the same order
+    launch_persistent(kernel, smem, CLUSTER, tiles, resident, out, map_a, map_b, map_out, M, N, K, group);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,25 +658,9 @@ void launch_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int 
     auto kernel = gemm_pingpong_kernel<BN, STAGES, CLUSTER, STAGING, SOFTMAX_A, EXP_OUT>;
     const CUtensorMap map_a = make_tensor_map(a, M, K, kBM), map_b = make_tensor_map(b, N, K, BN / CLUSTER),
                       map_out = make_tensor_map(out, M, N, 64);
-    const int tiles = ((M + kBM * CLUSTER - 1) / (kBM * CLUSTER)) * ((N + BN - 1) / BN);
-    cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = CLUSTER, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    static int resident = 0;  // as gemm_ours: every cluster of the persistent grid resident at once
-    if (!resident) {
-        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        config.gridDim = dim3(CLUSTER);
-        cuda_check(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-        if (resident < 1) fail("gemm_pingpong: no cluster of %d blocks fits on this GPU", CLUSTER);
-    }
-    config.gridDim = dim3(std::min(tiles, resident) * CLUSTER);
-    const int group = std::min(g_group, (M + kBM * CLUSTER - 1) / (kBM * CLUSTER));
-    cuda_check(cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_out, M, N, K, group, sg, eo));
+    const int num_m = (M + kBM * CLUSTER - 1) / (kBM * CLUSTER), tiles = num_m * ((N + BN - 1) / BN);
+    static int resident = 0;
+    launch_persistent(kernel, smem, CLUSTER, tiles, resident, map_a, map_b, map_out, M, N, K, std::min(g_group, num_m), sg, eo);
 }
 template <int BN, int STAGES, int CLUSTER, int STAGING> void gemm_pingpong(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
     launch_pingpong<BN, STAGES, CLUSTER, STAGING, false>(out, a, b, M, N, K, SoftmaxGrad{});
@@ -837,6 +828,30 @@ struct BenchShape {
     bool gpt2;  // one of d12's GEMMs (summed), else the reference shape
 };
 
+// Contestants timed in turn: each runs once first (cuBLASLt's tuning), then kRounds rounds, in each
+// every contestant 1 warm-up and kCallsPerRound timed calls, the order rotating, so a GPU warming up
+// under its power cap slows them alike; a profiler started off (`ncu --profile-from-start off`) sees
+// only the timed calls. Returns each contestant's median over its kRounds x kCallsPerRound calls.
+constexpr int kRounds = 5, kCallsPerRound = 4;
+std::vector<float> medians_in_turn(const std::vector<std::function<void()>>& runs) {
+    for (const auto& run : runs) run();
+    std::vector<std::vector<float>> samples(runs.size());
+    cuda_check(cudaProfilerStart());
+    for (int round = 0; round < kRounds; round++)
+        for (size_t i = 0; i < runs.size(); i++) {
+            const size_t k = (i + round) % runs.size();
+            const std::vector<float> ms = time_each_ms(runs[k], 1, kCallsPerRound);
+            samples[k].insert(samples[k].end(), ms.begin(), ms.end());
+        }
+    cuda_check(cudaProfilerStop());
+    std::vector<float> medians;
+    for (auto& t : samples) {
+        std::sort(t.begin(), t.end());
+        medians.push_back(t[t.size() / 2]);
+    }
+    return medians;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Version 13, the LM head's input gradient with the classifier's gradient folded in: dx (M, C) =
 // dlogits W with dlogits = softmax_grad(logits) (SoftmaxGrad), where training today writes dlogits
@@ -944,28 +959,14 @@ void classifier_backward(TestCounter& tests, int M, int C, int V, int Vp, bool v
         tests.record(bad_ref == 0);
     }
     if (!timing) return;
-    // Contestants in turn, as the benchmark's rounds; the median of each one's 20 calls.
     const char* names[] = {"dlogits pass", "cuBLAS GEMM on dlogits", "pass + cuBLAS", "pass + v11", "v13 fused"};
-    std::function<void()> runs[] = {[&] { softmax_grad_pass(d_dlogits.ptr, d_logits.ptr, sg, M, Vp); },
-                                    [&] { gemm_cublas(d_unfused.ptr, d_dlogits.ptr, d_wt.ptr, M, C, Vp); }, unfused_cublas, unfused_ours, fused};
-    constexpr int kContestants = 5, kRounds = 5, kCallsPerRound = 4;
-    std::vector<float> samples[kContestants];
-    for (auto& run : runs) run();  // cuBLASLt's tuning
-    cuda_check(cudaProfilerStart());  // as the GEMM table: a profiler started off sees only the timed calls
-    for (int round = 0; round < kRounds; round++)
-        for (int i = 0; i < kContestants; i++) {
-            const int c = (i + round) % kContestants;
-            const std::vector<float> ms = time_each_ms(runs[c], 1, kCallsPerRound);
-            samples[c].insert(samples[c].end(), ms.begin(), ms.end());
-        }
-    cuda_check(cudaProfilerStop());
+    const std::vector<float> ms = medians_in_turn({[&] { softmax_grad_pass(d_dlogits.ptr, d_logits.ptr, sg, M, Vp); },
+                                                   [&] { gemm_cublas(d_unfused.ptr, d_dlogits.ptr, d_wt.ptr, M, C, Vp); },
+                                                   unfused_cublas, unfused_ours, fused});
     const double copy_gbs = measure_copy_bandwidth_gbs();
     printf("\nLM head's dx with the classifier's gradient (M %d, C %d, Vp %d; median of %d calls, in turn), ms:\n", M, C, Vp,
            kRounds * kCallsPerRound);
-    for (int c = 0; c < kContestants; c++) {
-        std::sort(samples[c].begin(), samples[c].end());
-        printf("  %-24s %8.4f\n", names[c], samples[c][samples[c].size() / 2]);
-    }
+    for (size_t k = 0; k < ms.size(); k++) printf("  %-24s %8.4f\n", names[k], ms[k]);
     printf("  (a pass over the logits at this run's copy bandwidth, %.0f GB/s, reading and writing %.2f GB: %.4f ms)\n", copy_gbs,
            4.0 * M * Vp / 1e9, 4.0 * M * Vp / (copy_gbs * 1e9) * 1e3);
 }
@@ -1065,30 +1066,16 @@ void lm_head_exp_forward(TestCounter& tests, int M, int Vp, int C, int V, bool v
     if (!timing) return;
     DeviceBuffer<bf16> d_logits(size_t(M) * Vp, "logits");
     const char* names[] = {"cuBLAS GEMM (logits)", "classifier pass", "cuBLAS + classifier", "v11 GEMM (logits)", "v14 (E, sums)", "v14 + losses"};
-    std::function<void()> runs[] = {[&] { gemm_cublas(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C); },
-                                    [&] { fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, 1.0f / 65536, M, V, Vp); },
-                                    [&] {
-                                        gemm_cublas(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C);
-                                        fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, 1.0f / 65536, M, V, Vp);
-                                    },
-                                    [&] { version_fn(11)(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C); },
-                                    [&] { gemm_exp_out(d_out.ptr, d_x.ptr, d_w.ptr, M, Vp, C, eo); }, forward};
-    constexpr int kContestants = 6, kRounds = 5, kCallsPerRound = 4;
-    std::vector<float> samples[kContestants];
-    for (auto& run : runs) run();  // cuBLASLt's tuning
-    cuda_check(cudaProfilerStart());  // as the GEMM table: a profiler started off sees only the timed calls
-    for (int round = 0; round < kRounds; round++)
-        for (int i = 0; i < kContestants; i++) {
-            const int k = (i + round) % kContestants;
-            const std::vector<float> ms = time_each_ms(runs[k], 1, kCallsPerRound);
-            samples[k].insert(samples[k].end(), ms.begin(), ms.end());
-        }
-    cuda_check(cudaProfilerStop());
+    const std::vector<float> ms = medians_in_turn({[&] { gemm_cublas(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C); },
+                                                   [&] { fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, 1.0f / 65536, M, V, Vp); },
+                                                   [&] {
+                                                       gemm_cublas(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C);
+                                                       fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, 1.0f / 65536, M, V, Vp);
+                                                   },
+                                                   [&] { version_fn(11)(d_logits.ptr, d_x.ptr, d_w.ptr, M, Vp, C); },
+                                                   [&] { gemm_exp_out(d_out.ptr, d_x.ptr, d_w.ptr, M, Vp, C, eo); }, forward});
     printf("\nLM head's forward and loss (M %d, Vp %d, C %d; median of %d calls, in turn), ms:\n", M, Vp, C, kRounds * kCallsPerRound);
-    for (int k = 0; k < kContestants; k++) {
-        std::sort(samples[k].begin(), samples[k].end());
-        printf("  %-24s %8.4f\n", names[k], samples[k][samples[k].size() / 2]);
-    }
+    for (size_t k = 0; k < ms.size(); k++) printf("  %-24s %8.4f\n", names[k], ms[k]);
 }
 
 // The persistent loop's tile order (tile_origin, run here on the CPU): tiles 0 .. num_m num_n - 1 must
@@ -1233,10 +1220,7 @@ int main(int argc, char** argv) {
         return tests.finish();
     }
 
-    // The versions take turns (5 rounds; in each, every version 1 warm-up and 4 timed calls, the order
-    // rotating), so a GPU warming up under its power cap slows them alike; a version's figure is the
-    // median of its 20 timed calls.
-    constexpr int kRounds = 5, kCallsPerRound = 4;
+    // The versions take turns (medians_in_turn).
     printf("\nbenchmark: median of %d runs (%d rounds, the versions in turn), ms (TFLOP/s = 2 M N K / time), random "
            "operands in [-1, 1)\n", kRounds * kCallsPerRound, kRounds);
     printf("%-8s %6s %6s %6s", "shape", "M", "N", "K");
@@ -1261,23 +1245,12 @@ int main(int argc, char** argv) {
         cuda_check_launch();
         const double flops = 2.0 * s.M * s.N * s.K;
         printf("%-8s %6d %6d %6d", s.name, s.M, s.N, s.K);
-        auto call = [&](int v) { version_fn(v)(d_out.ptr, d_a.ptr, d_b.ptr, s.M, s.N, s.K); };
-        for (int v : versions) call(v);  // cuBLASLt's tuning runs here, before a profiler's range
-        std::vector<std::vector<float>> samples(kVersions + 1);
-        cuda_check(cudaProfilerStart());  // `ncu --profile-from-start off` sees only the timed calls
-        for (int round = 0; round < kRounds; round++)
-            for (size_t i = 0; i < versions.size(); i++) {
-                const int v = versions[(i + round) % versions.size()];
-                const std::vector<float> ms = time_each_ms([&] { call(v); }, 1, kCallsPerRound);
-                samples[v].insert(samples[v].end(), ms.begin(), ms.end());
-            }
-        cuda_check(cudaProfilerStop());
-        for (int v : versions) {
-            std::vector<float>& t = samples[v];
-            std::sort(t.begin(), t.end());
-            const float ms = t[t.size() / 2];
-            printf("  %24.4f (%6.1f)", ms, flops / ms * 1e-9);
-            if (s.gpt2) sum[v] += ms;
+        std::vector<std::function<void()>> runs;
+        for (int v : versions) runs.push_back([&, v] { version_fn(v)(d_out.ptr, d_a.ptr, d_b.ptr, s.M, s.N, s.K); });
+        const std::vector<float> medians = medians_in_turn(runs);
+        for (size_t i = 0; i < versions.size(); i++) {
+            printf("  %24.4f (%6.1f)", medians[i], flops / medians[i] * 1e-9);
+            if (s.gpt2) sum[versions[i]] += medians[i];
         }
         printf("\n");
     }
