@@ -230,19 +230,21 @@ static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     std::string checkpoint, reference, save_path;
-    bool flash = true;
+    bool flash = true, exp_head = true;
     int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const std::string f = argv[i];
         if (f == "-h" || f == "--help") {
-            printf("usage: test_gpt_%s -e CHECKPOINT -rf REFERENCE [-s SAVE] [-fa 0|1] [-ge 0|1|2] [-r 0|1]\n"
+            printf("usage: test_gpt_%s -e CHECKPOINT -rf REFERENCE [-s SAVE] [-fa 0|1] [-ge 0|1|2] [-r 0|1] [-lx 0|1]\n"
                    "  -e  checkpoint written by gpt_reference.py init\n"
                    "  -rf reference state written by gpt_reference.py state for that checkpoint\n"
                    "  -s  write the model after the reference's K steps here (for gpt_reference.py loss)\n"
                    "  -fa 0|1    flash attention where it runs (default 1), else cuBLAS attention\n"
                    "  -ge 0|1|2  GELU in cuBLASLt epilogues, as train_gpt's -ge: none, forward, forward and backward\n"
                    "             (default %d); with 1 or 2 the epilogues' GELU formula is probed first\n"
-                   "  -r 0|1     recompute GELU in the backward, as train_gpt's -r (default %d)\n",
+                   "  -r 0|1     recompute GELU in the backward, as train_gpt's -r (default %d)\n"
+                   "  -lx 0|1    the exp LM head where it runs, as train_gpt's -lx (default 1): then the logits are\n"
+                   "             checked from the logits path, the loss from both, the gradients and steps from the exp head\n",
                    PRECISION_NAME, GELU_FUSION_DEFAULT, RECOMPUTE_DEFAULT);
             return 0;
         }
@@ -253,6 +255,7 @@ int main(int argc, char** argv) {
         else if (f == "-fa") flash = parse_int_flag("-fa", argv[++i], 0, 1) != 0;
         else if (f == "-ge") gelu_fusion = (int)parse_int_flag("-ge", argv[++i], 0, 2);
         else if (f == "-r") recompute = (int)parse_int_flag("-r", argv[++i], 0, 1);
+        else if (f == "-lx") exp_head = parse_int_flag("-lx", argv[++i], 0, 1) != 0;
         else fail("unknown flag %s (-h for usage)", argv[i]);
     }
     if (checkpoint.empty() || reference.empty()) fail("give -e CHECKPOINT and -rf REFERENCE (-h for usage)");
@@ -265,8 +268,8 @@ int main(int argc, char** argv) {
     if (memcmp(&c, &ref.config, sizeof(c)) != 0) fail("reference '%s' was made for another model config", reference.c_str());
     TestCounter counter;
     char label[256];
-    snprintf(label, sizeof(label), "test_gpt_%s L=%d NH=%d C=%d V=%d B=%d T=%d -ge %d -r %d", PRECISION_NAME, c.L, c.NH,
-             c.C, c.V, ref.B, ref.T, gelu_fusion, recompute);
+    snprintf(label, sizeof(label), "test_gpt_%s L=%d NH=%d C=%d V=%d B=%d T=%d -ge %d -r %d -lx %d", PRECISION_NAME, c.L,
+             c.NH, c.C, c.V, ref.B, ref.T, gelu_fusion, recompute, (int)exp_head);
     if (!cuda_device_available()) {
         counter.skip(label);
         return counter.finish();
@@ -275,22 +278,31 @@ int main(int argc, char** argv) {
 
     GPT m;
     gpt_create(m, host, ref.B, ref.T, flash, gelu_fusion, recompute);
-    printf("attention: %s | GELU fusion -ge %d | GELU recompute -r %d\n",
-           m.flash ? "flash (flash_attention.cuh)" : "cuBLAS (attention.cuh)", gelu_fusion, recompute);
+    if (exp_head) gpt_use_exp_head(m);
+    printf("attention: %s | LM head: %s | GELU fusion -ge %d | GELU recompute -r %d\n",
+           m.flash ? "flash (flash_attention.cuh)" : "cuBLAS (attention.cuh)",
+           m.exp_head ? "exp (lm_head.cuh)" : "logits and classifier", gelu_fusion, recompute);
     if (gelu_fusion >= 1) probe_gelu_epilogues(gelu_fusion, counter);
     const size_t probe_fused = blas().gelu_fused, probe_unfused = blas().gelu_unfused;
     const int B = ref.B, T = ref.T, BT = B * T;
 
     // Forward only: logits and loss.
     gpt_set_batch(m, ref.inputs.data(), ref.targets.data(), B, T);
+    const bool exp_head_on = m.exp_head;
+    m.exp_head = false;  // the exp head writes no logits: they come from the logits path
     gpt_forward(m, B, T, true, 0.0f);
     const float loss = gpt_mean_loss(m, B, T);
+    m.exp_head = exp_head_on;
     {
         std::vector<float> all = download(m.acts.logits, size_t(BT) * c.Vp), logits(size_t(BT) * c.V);
         for (int i = 0; i < BT; i++) std::copy_n(all.begin() + size_t(i) * c.Vp, c.V, logits.begin() + size_t(i) * c.V);
         counter.record(compare_tensor("logits", logits, ref.logits.data(), logits.size(), kTensorTol));
     }
     counter.record(compare_loss("loss", loss, ref.loss, kLossTol));
+    if (exp_head_on) {  // and the loss from the exp head's row sums
+        gpt_forward(m, B, T, true, 0.0f);
+        counter.record(compare_loss("loss (exp head)", gpt_mean_loss(m, B, T), ref.loss, kLossTol));
+    }
 
     // K AdamW steps on the same batch; gradients compared after the first backward.
     AdamWConfig adam;

@@ -37,6 +37,9 @@
 #include "adamw.cuh"
 #include "attention.cuh"
 #include "classifier.cuh"
+#if !defined(ENABLE_FP32)
+#include "lm_head.cuh"
+#endif
 #include "common.cuh"
 #include "distributed.cuh"
 #include "encoder.cuh"
@@ -374,6 +377,13 @@ struct GPT {
     void* flash_ds_memory = nullptr;  // else its own allocation
     int gelu_fusion = 0;            // GELU in cuBLASLt epilogues: 0 none, 1 forward, 2 forward and backward (-ge)
     int recompute = 0;              // 1: fch_gelu holds one layer, the backward recomputes it from fch (-r)
+    // The exp head (-lx 1, lm_head.cuh): the LM head's GEMM writes exp(logit - target logit) and the
+    // classifier reads only its row sums. Its scratch, one logits chunk's rows:
+    bool exp_head = false;
+    float* head_shift = nullptr;  // (rows) each row's target logit
+    float* head_sums = nullptr;   // (rows, lm_head_tiles(Vp)) each row's sums of exp by column tile
+    float* head_scale = nullptr;  // (rows) dloss / (the row's sum)
+    floatX* head_x = nullptr;     // (rows, C) lnf's rows times their scale, for wte's gradient
     // -ov 1: the backward's weight gradients (dweight, and dbias where a matmul computes it) run on
     // their own stream beside the chain of data gradients (gpt_backward). The events order the two.
     bool overlap = false;
@@ -521,11 +531,31 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
     cuda_check(cudaDeviceSynchronize());
 }
 
+// The exp head (lm_head.cuh) where it runs: bf16 builds on Hopper, C and Vp multiples of 8. Returns
+// whether the model now takes it; its scratch is sized for gpt_create's B and T.
+inline bool gpt_use_exp_head(GPT& m) {
+#if defined(ENABLE_FP32)
+    return false;
+#else
+    if (!lm_head_exp_usable(m.config.C, m.config.Vp)) return false;
+    if (!m.head_shift) {
+        const size_t rows = logits_rows(size_t(m.B) * m.T);
+        m.head_shift = gpt_alloc<float>(m, rows * sizeof(float), "LM head target logits");
+        m.head_sums = gpt_alloc<float>(m, rows * lm_head_tiles(m.config.Vp) * sizeof(float), "LM head row sums");
+        m.head_scale = gpt_alloc<float>(m, rows * sizeof(float), "LM head row scales");
+        m.head_x = gpt_alloc<floatX>(m, rows * m.config.C * sizeof(floatX), "LM head scaled input");
+    }
+    m.exp_head = true;
+    return true;
+#endif
+}
+
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
                                                 m.stats_memory, m.ln_scratch, m.wgrad_scratch, m.flash_scratch, m.flash_ds_memory, m.step,
                                                 m.norm_partials, m.loss_scratch, m.inputs, m.targets, m.buckets,
-                                                m.encoder_partials, (void*)m.dqkv_memory})
+                                                m.encoder_partials, (void*)m.dqkv_memory, m.head_shift, m.head_sums,
+                                                m.head_scale, (void*)m.head_x})
         if (p) cuda_check(cudaFree(p));
     for (BatchSlot& slot : m.batch_slots) {
         if (slot.host) cuda_check(cudaFreeHost(slot.host));
@@ -717,6 +747,18 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     for (int r0 = 0; r0 < BT; r0 += (int)kLogitsChunkRows) {
         const int rows = std::min(BT - r0, (int)kLogitsChunkRows);
         prof.mark("fwd.matmul");
+#if !defined(ENABLE_FP32)
+        if (m.exp_head && targets) {  // no logits: E, the losses, dlogits = diag(scale) E (lm_head.cuh)
+            lm_head_exp_forward(a.logits, s.losses + r0, m.head_scale, m.head_shift, m.head_sums, a.lnf + size_t(r0) * C,
+                                p.wte, m.targets + r0, rows, C, c.V, c.Vp, dloss);
+            if (dloss == 0.0f) continue;
+            prof.mark("bwd.matmul");  // dx = diag(scale) (E wte), dwte += E^T diag(scale) lnf
+            lm_head_scale_rows(m.head_x, a.lnf + size_t(r0) * C, m.head_scale, rows, C);
+            matmul_backward(a.dln + size_t(r0) * C, m.grads.wte, (floatX*)nullptr, a.logits, m.head_x, p.wte, rows, C, c.Vp);
+            lm_head_scale_rows(a.dln + size_t(r0) * C, a.dln + size_t(r0) * C, m.head_scale, rows, C);
+            continue;
+        }
+#endif
         matmul_forward(a.logits, a.lnf + size_t(r0) * C, p.wte, (const floatX*)nullptr, rows, C, c.Vp);  // tied to wte
         if (!targets) continue;
         prof.mark("fwd.classifier");
@@ -1440,6 +1482,7 @@ struct Options {
     int flash = 1;
     int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT, overlap = OVERLAP_DEFAULT;
     int tune_wide = 0;
+    int exp_head = 1;
     std::string rendezvous;
     int stall_seconds = 600;
 };
@@ -1487,6 +1530,8 @@ static void usage(const Options& d) {
            "  -ov <0|1>   1 = the backward's weight gradients on a second stream, overlapped: the same bits (default %d)\n"
            "  -tw <0|1>   1 = tune each matmul also over the configurations around cuBLASLt's heuristic (up to 3 s\n"
            "              a shape at start): the same bits, ~1%% faster at B=64 on an H100 (default %d)\n"
+           "  -lx <0|1>   where it runs (bf16 builds on Hopper), 1 = the LM head's GEMM writes exp(logits) and the\n"
+           "              classifier no pass over the logits: ~3%% faster at d12, other bits (default %d)\n"
            "  -pf <0|1>   time every kernel family with CUDA events and print the breakdown at the end; the last\n"
            "              step runs between cudaProfilerStart/Stop (ncu --profile-from-start off) (default %d)\n"
            "several GPUs (one process each, started by mpirun, srun, torchrun or scripts/launch.sh)\n"
@@ -1501,7 +1546,7 @@ static void usage(const Options& d) {
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
            d.weight_decay, d.grad_clip, d.seed, d.shuffle, d.val_every, d.val_batches, d.sample_every, d.gen_len,
-           d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.profile, d.stall_seconds);
+           d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.exp_head, d.profile, d.stall_seconds);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -1553,6 +1598,7 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-r") o.recompute = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-ov") o.overlap = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-tw") o.tune_wide = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-lx") o.exp_head = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-rz") path(o.rendezvous);
         else if (f == "-wt") o.stall_seconds = (int)parse_int_flag(fl, v, 0, 1 << 24);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
@@ -1861,6 +1907,7 @@ int main(int argc, char** argv) {
     blas().tune_wide = o.tune_wide != 0;
     blas().tune_print = o.tune_wide != 0 && lead;  // -tw 1 prints what each plan's tuning kept
     gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute, o.overlap);
+    if (o.exp_head) gpt_use_exp_head(m);
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // (a signal that came meanwhile is taken now)
     if (resumed) {
         gpt_set_optimizer_state(m, state.adam_m, state.adam_v);
@@ -1872,9 +1919,10 @@ int main(int argc, char** argv) {
     const double peak_flops = sizeof(floatX) == 2 ? 989.4e12 : 66.9e12;
     const size_t optimizer_bytes = (shard_size(m.num_params, dist.world)) * sizeof(float) * (m.master ? 3 : 2);
     if (lead) {
-        printf("device: %s | precision %s | %s attention | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, matmul "
-               "tuning -tw %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
-               prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.gelu_fusion, m.recompute, (int)m.overlap, o.tune_wide,
+        printf("device: %s | precision %s | %s attention | LM head %s | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, "
+               "matmul tuning -tw %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
+               prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.exp_head ? "exp (-lx 1)" : "logits and classifier",
+               m.gelu_fusion, m.recompute, (int)m.overlap, o.tune_wide,
                c.L, c.NH, c.C, c.maxT, c.V, c.Vp, real_params);
         if (dist.multi())
             printf("data parallel: %d ranks (%s), optimizer state sharded (ZeRO-1): %.2f GiB per GPU instead of %.2f\n", dist.world,
@@ -1911,20 +1959,34 @@ int main(int argc, char** argv) {
     int bad_steps = 0, last_checkpoint = resumed ? state.step : -1;
     size_t peak_used = 0;
 
+    // The exp head writes a NaN loss for a row it refuses (lm_head.cuh: a token's loss above 44), which
+    // makes the step (its update skipped) or the validation non-finite on every rank alike; then the
+    // run goes on with the logits and the classifier. Any other non-finite step turns it off as well.
+    auto exp_head_off = [&](int step, const char* what) {
+        m.exp_head = false;
+        if (lead)
+            fprintf(stderr, "warning: %s %d was non-finite with the exp LM head: the logits and the classifier (-lx 0) "
+                            "from here on\n", what, step);
+    };
     auto validate = [&](int step) {
-        val.seek(0, 0);
         double sum = 0.0;
-        for (int i = 0; i < val_batches; i++) {  // on several GPUs, batch i on rank i % world
-            val.next(inputs, targets);
-            if (i % dist.world != dist.rank) continue;
-            gpt_set_batch(m, inputs.data(), targets.data(), val.B, o.T);
-            gpt_forward(m, val.B, o.T, true, 0.0f);
-            sum += gpt_mean_loss(m, val.B, o.T);
-            dist_progress(dist);
-        }
+        for (;;) {
+            val.seek(0, 0);
+            sum = 0.0;
+            for (int i = 0; i < val_batches; i++) {  // on several GPUs, batch i on rank i % world
+                val.next(inputs, targets);
+                if (i % dist.world != dist.rank) continue;
+                gpt_set_batch(m, inputs.data(), targets.data(), val.B, o.T);
+                gpt_forward(m, val.B, o.T, true, 0.0f);
+                sum += gpt_mean_loss(m, val.B, o.T);
+                dist_progress(dist);
+            }
 #if !defined(NO_NCCL)
-        sum = dist_sum(dist, sum);
+            sum = dist_sum(dist, sum);
 #endif
+            if (std::isfinite(sum) || !m.exp_head) break;
+            exp_head_off(step, "validation");  // a row it refused: this validation again with the logits
+        }
         last_val = (float)(sum / val_batches);
         dist_progress(dist);
         if (!lead) return;
@@ -2066,6 +2128,7 @@ int main(int argc, char** argv) {
         const float norm = std::sqrt(stats.norm_squared);
         if (!step_finite(stats)) {  // the device's decision, from the same two values (the same on every rank)
             bad_steps++;
+            if (m.exp_head) exp_head_off(step + 1, "step");
             if (lead)
                 fprintf(stderr, "warning: step %d: non-finite %s, update skipped\n", step + 1,
                         std::isfinite(stats.loss_sum) ? "grad norm" : "loss");

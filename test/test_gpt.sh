@@ -7,10 +7,11 @@
 # when PyTorch sees one), test_gpt_{fp32,bf16} compares against it, saves its model after the K steps,
 # and gpt_reference.py scores those models back on the same batch (the other direction; one PyTorch
 # process per configuration).
-# Each run takes the precision's default GELU path (fp32: -ge 0 -r 0; bf16: -ge 2 -r 0); at d12 B=4
-# T=64 extra runs take the other paths, same bounds: fp32 -ge 2 -r 1 (fused GELU, recomputed), bf16
-# -ge 0 -r 0 (separate GELU kernels) and -ge 2 -r 1. Runs with fusion also probe which GELU formula
-# cuBLASLt's epilogues compute.
+# Each run takes the precision's default GELU path (fp32: -ge 0 -r 0; bf16: -ge 2 -r 0) and LM head
+# (bf16 on Hopper: the exp head of lm_head.cuh, where C is a multiple of 8); at d12 B=4 T=64 extra
+# runs take the other paths, same bounds: fp32 -ge 2 -r 1 (fused GELU, recomputed), bf16 -ge 0 -r 0
+# (separate GELU kernels), -ge 2 -r 1 and -lx 0 (the logits and the classifier). Runs with fusion
+# also probe which GELU formula cuBLASLt's epilogues compute.
 # Without a GPU every check is reported as skipped. Ends with `N passed, N failed, N skipped`.
 set -u
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ PYTHON=${PYTHON:-python3}
 configs=("d12 4 64" "L=2,NH=4,C=256,V=1237,maxT=1024 2 1024" "L=2,NH=3,C=39,V=1237,maxT=50 3 37")
 precisions=(fp32 bf16)
 # "" = the build's defaults; the other entries are the extra GELU-path runs, first configuration only.
-declare -A extra_runs=([fp32]="-ge 2 -r 1" [bf16]="-ge 0 -r 0;-ge 2 -r 1")
+declare -A extra_runs=([fp32]="-ge 2 -r 1" [bf16]="-ge 0 -r 0;-ge 2 -r 1;-lx 0")
 runs_of() {  # prec first_config: one line per run's test_gpt flags
     echo ""
     if [[ $2 == 1 ]]; then tr ';' '\n' <<<"${extra_runs[$1]}"; fi
