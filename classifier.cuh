@@ -3,7 +3,8 @@
 // Per row of logits (B*T, Vp), over the first V columns only (columns V..Vp-1 are vocabulary padding
 // for fast matmuls and never take part): p = softmax(logits), loss[row] = -log p[target]; when
 // `dloss` is non-zero the row is overwritten in place with dlogits = (p - onehot(target)) * dloss and
-// the padding columns with zeros, so the padding never receives gradient.
+// the padding columns with zeros, so the padding never receives gradient. (Training in bf16 on Hopper
+// takes lm_head.cuh instead, which needs no pass over the logits; this runs everywhere else.)
 //
 // Non-obvious choices:
 //   - The vector kernel (16-byte loads and stores; Vp a multiple of 8 bf16 / 4 fp32 values and the
