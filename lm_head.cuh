@@ -9,8 +9,9 @@
 //     shift[r] = logit[r, target[r]]  (a dot product of x's row and W's target row, before the GEMM)
 //     S[r]     = sum of E over the row (from the tile sums);  loss[r] = log S[r]
 //     E[r, target[r]] -= S[r];  scale[r] = dloss / S[r],  so that dlogits = diag(scale) E
-//   and the backward: dx = diag(scale) (E W) (a pass scaling dx's rows) and dW += E^T (diag(scale) x)
-//   (the same pass over x): two passes over B T x C values instead of one over B T x Vp.
+//   and the backward: dx = diag(scale) (E W) (a pass scaling dx's rows after that GEMM) and dW +=
+//   E^T (diag(scale) x) (a pass scaling x's rows before it): two passes over B T x C values instead
+//   of one over B T x Vp.
 //
 // Why the target logit as the shift: the target's own term is exp(0) = 1, so S >= 1 never underflows,
 // and S = exp(loss) overflows only for a loss of 88 and more. The row's scale and the scaled x must
@@ -318,6 +319,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncwarp();
     cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
+#else
+    __trap();  // built without sm_90a: lm_head_exp_usable is false, so it never launches
+#endif
+}
+
+// Whether this build's device code has the wgmma path (sm_90a) for the GPU it runs on: a PTX JIT
+// build for another architecture (GPU_ARCH=80 on an H100) runs on compute capability 9.0 without it.
+__global__ void wgmma_built_kernel(int* built) {
+#ifdef FLASH_HAVE_WGMMA
+    *built = 1;
+#else
+    *built = 0;
 #endif
 }
 
@@ -335,7 +348,7 @@ inline void exp_gemm(bf16* out, const bf16* x, const bf16* w, int M, int N, int 
     cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    static int resident = 0;  // pairs resident at once (every pair of the persistent grid must be)
+    static int resident = 0;  // pairs resident at once: a larger grid's extra pairs would run after the others
     if (!resident) {
         cuda_check(cudaFuncSetAttribute(exp_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
         config.gridDim = dim3(2);
@@ -375,7 +388,9 @@ constexpr float kMaxRowSum = 18446744073709551616.0f;  // 2^64
 
 // A row's loss from its tile sums: loss = log S (E's shift is the target logit). With dloss != 0 also
 // scale = dloss / S and the one-hot folded into E's target column (E[t] -= S), so that dlogits =
-// scale E. A warp per row, its sums in a fixed order.
+// scale E. A warp per row, its sums in a fixed order. (The target's own term in S is 1 + d, not 1:
+// the GEMM and the dot product sum the same products in other orders, d ~ 1e-6..1e-4; the loss and
+// the target's dlogit carry it, far below E's bf16 rounding of 2^-9.)
 __global__ void exp_loss_kernel(float* losses, float* scale, bf16* E, const float* tile_sums, const int* targets, float dloss,
                                 int M, int Vp, int tiles) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -412,9 +427,21 @@ __global__ void scale_rows_kernel(bf16* out, const bf16* in, const float* scale,
 
 }  // namespace lm_head_detail
 
-// True where the exp head runs: built for sm_90a and running on compute capability 9.0 (the flash
-// attention's test), C and the padded vocabulary multiples of 8.
-inline bool lm_head_exp_usable(int C, int Vp) { return flash_detail::wgmma_available() && C % 8 == 0 && Vp % 8 == 0; }
+// True where the exp head runs: a compute capability 9.0 GPU, device code built for sm_90a, C and the
+// padded vocabulary multiples of 8.
+inline bool lm_head_exp_usable(int C, int Vp) {
+    if (C % 8 || Vp % 8 || !flash_detail::wgmma_available()) return false;
+    static int built = -1;
+    if (built < 0) {
+        int* d_built = nullptr;
+        cuda_check(cudaMalloc(&d_built, sizeof(int)));
+        lm_head_detail::wgmma_built_kernel<<<1, 1>>>(d_built);
+        cuda_check_launch();
+        cuda_check(cudaMemcpy(&built, d_built, sizeof(int), cudaMemcpyDeviceToHost));
+        cuda_check(cudaFree(d_built));
+    }
+    return built == 1;
+}
 
 // Column tiles of E (the tile sums' row length).
 inline int lm_head_tiles(int Vp) { return (Vp + lm_head_detail::kBN - 1) / lm_head_detail::kBN; }

@@ -550,6 +550,20 @@ inline bool gpt_use_exp_head(GPT& m) {
 #endif
 }
 
+// Back to the logits and the classifier for good: the exp head's scratch is freed.
+inline void gpt_drop_exp_head(GPT& m) {
+    for (void* p : {(void*)m.head_shift, (void*)m.head_sums, (void*)m.head_scale, (void*)m.head_x})
+        if (p) cuda_check(cudaFree(p));
+#if !defined(ENABLE_FP32)
+    if (m.head_shift) {
+        const size_t rows = logits_rows(size_t(m.B) * m.T);
+        m.bytes_allocated -= rows * (2 * sizeof(float) + lm_head_tiles(m.config.Vp) * sizeof(float) + m.config.C * sizeof(floatX));
+    }
+#endif
+    m.head_shift = m.head_sums = m.head_scale = nullptr, m.head_x = nullptr;
+    m.exp_head = false;
+}
+
 inline void gpt_free(GPT& m) {
     for (void* p : std::initializer_list<void*>{m.params_memory, m.grads_memory, m.master, m.adam_m, m.adam_v, m.acts_memory,
                                                 m.stats_memory, m.ln_scratch, m.wgrad_scratch, m.flash_scratch, m.flash_ds_memory, m.step,
@@ -1187,6 +1201,8 @@ struct TrainState {
     uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;
     // The run setup the state belongs to.
     int B = 0, T = 0, shuffle = 0, gelu_fusion = 0, recompute = 0;
+    int head = 0;  // the LM head the run had at the save: 1 the logits and the classifier, 2 the exp head
+                   // (-lx 1), 0 not recorded (files written before the exp head: the logits)
     int64_t seed = 0;
     uint64_t data_tokens = 0, total_batch = 0;
     uint32_t data_crc = 0;
@@ -1229,6 +1245,7 @@ inline bool write_checkpoint(const std::string& dir, const GPTConfig& config, co
     put64(h, 20, st.data_tokens);
     h[22] = st.gelu_fusion, h[23] = st.recompute;
     put64(h, 24, st.total_batch);
+    h[26] = st.head;
     uint32_t crc = crc32(h, sizeof(h));  // with the crc slot (h[5]) still 0
     crc = crc32(params.data(), bytes, crc);
     crc = crc32(adam_m.data(), bytes, crc);
@@ -1358,6 +1375,7 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     st.data_crc = (uint32_t)h[19], st.data_tokens = get64(h, 20);
     st.gelu_fusion = h[22], st.recompute = h[23];
     st.total_batch = get64(h, 24);
+    st.head = h[26];
     return true;
 }
 
@@ -1908,6 +1926,14 @@ int main(int argc, char** argv) {
     blas().tune_print = o.tune_wide != 0 && lead;  // -tw 1 prints what each plan's tuning kept
     gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute, o.overlap);
     if (o.exp_head) gpt_use_exp_head(m);
+    if (resumed && state.head == 1 && m.exp_head) {  // written on the logits path (-lx 0, or after a refused row)
+        gpt_drop_exp_head(m);
+        if (lead) printf("the checkpoint of step %d was written with the logits and the classifier: resuming so (-lx 0)\n", state.step);
+    } else if (resumed && lead && (state.head == 2) != m.exp_head) {
+        fprintf(stderr, "warning: the checkpoint of step %d was written with the %s LM head, this run has the %s one: its losses "
+                "will differ in rounding from an uninterrupted run\n", state.step, state.head == 2 ? "exp" : "logits",
+                m.exp_head ? "exp" : "logits");
+    }
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // (a signal that came meanwhile is taken now)
     if (resumed) {
         gpt_set_optimizer_state(m, state.adam_m, state.adam_v);
@@ -1963,7 +1989,7 @@ int main(int argc, char** argv) {
     // makes the step (its update skipped) or the validation non-finite on every rank alike; then the
     // run goes on with the logits and the classifier. Any other non-finite step turns it off as well.
     auto exp_head_off = [&](int step, const char* what) {
-        m.exp_head = false;
+        gpt_drop_exp_head(m);
         if (lead)
             fprintf(stderr, "warning: %s %d was non-finite with the exp LM head: the logits and the classifier (-lx 0) "
                             "from here on\n", what, step);
@@ -2012,6 +2038,7 @@ int main(int argc, char** argv) {
     };
     auto checkpoint = [&](int step) {
         state.step = step, state.loader_epoch = train.epoch, state.loader_cursor = train.cursor, state.sampler_rng = sampler.state;
+        state.head = m.exp_head ? 2 : 1;
         save_checkpoint(m, o.out_dir, state);
         if (lead) {
             DistSolo solo(dist);

@@ -23,6 +23,11 @@
 #   OOM              -e d12 -b 4096 -t 1024: exit 1, one line `error: out of GPU memory ...` with the
 #                    requested and free sizes
 #   non-finite       a model whose logits overflow: three skipped updates, each named, then exit 1
+#   exp head         (bf16, where lm_head.cuh runs) a model with one huge logit (wte[1236][0] = 1e4): rows
+#                    whose loss passes 44 are refused, so step 1 is skipped, named, and the run goes on
+#                    with the logits (-lx 0: no skipped step); with validation at step 0 that validation
+#                    reruns with the logits and no step is skipped; a checkpoint written after the
+#                    switch resumes with the logits, saying so
 # Without a GPU every check is reported as skipped. Ends with `N passed, N failed, N skipped`.
 set -u
 cd "$(dirname "$0")/.."
@@ -33,7 +38,7 @@ passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
     for prec in "${precisions[@]}"; do
-        for check in "${checks[@]}"; do
+        for check in "${checks[@]}" $([[ $prec == bf16 ]] && echo exp-head); do
             echo "train_gpt_$prec $check: skipped (no CUDA device)"
             skipped=$((skipped + 1))
         done
@@ -104,6 +109,8 @@ h = h.copy()
 h[8] = 0  # the payload changed: no crc32 recorded (0), so the loader reaches the values
 open(sys.argv[2], "wb").write(h.tobytes() + p.tobytes())
 EOF
+# The exp head's refusal: token 1236's logit is 1e4 times lnf's first value (wte is the first tensor).
+"$PYTHON" test/train_inputs.py edit "$tmp/small.ckpt" "$tmp/loud.ckpt" --set-float $((1236 * 256))=1e4 --set-int 8=0
 set +e
 
 small_run=(-e "$tmp/small.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 256 -d 2048 -sh 1 -sd 7
@@ -292,6 +299,34 @@ for prec in "${precisions[@]}"; do
     ok=0
     [[ $rc -eq 1 && $nwarn -eq 3 && $(tail -n 1 "$p/nf.err") == "error: stopping at step 3"* ]] && ok=1
     report "[$prec] non-finite: 3 skipped updates named, then exit 1" $ok "exit code $rc, $nwarn warnings; last: $(tail -n 1 "$p/nf.err")"
+
+    # ---- the exp head's refused rows: the run goes on with the logits (bf16 only)
+    if [[ $prec == bf16 ]]; then
+        loud=(-e "$tmp/loud.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 256 -s 0)
+        train "$p/lx" "${loud[@]}" -x 4 -v 0 -n 2 -o "$p/LX"
+        rc_a=$rc
+        train "$p/lx0" "${loud[@]}" -x 4 -v 0 -lx 0
+        rc_b=$rc
+        train "$p/lxv" "${loud[@]}" -x 2 -v 2 -m 1
+        rc_c=$rc
+        train "$p/lxr" "${loud[@]}" -x 6 -v 0 -n 2 -o "$p/LX" -y 1
+        rc_d=$rc
+        finite_after_1=$(steps_of "$p/lx.out" | awk '$1 > 1 && $2 ~ /^[0-9.]+$/' | wc -l)
+        ok=0
+        [[ $rc_a -eq 0 && $rc_b -eq 0 && $rc_c -eq 0 && $rc_d -eq 0 ]] &&
+            grep -q 'LM head exp (-lx 1)' "$p/lx.out" &&
+            [[ $(grep -c '^warning: step 1 was non-finite with the exp LM head' "$p/lx.err") -eq 1 ]] &&
+            [[ $(grep -c '^warning: step 1: non-finite loss, update skipped' "$p/lx.err") -eq 1 ]] &&
+            [[ $finite_after_1 -eq 3 ]] &&
+            ! grep -q 'non-finite' "$p/lx0.err" &&
+            [[ $(grep -c '^warning: validation 0 was non-finite with the exp LM head' "$p/lxv.err") -eq 1 ]] &&
+            ! grep -q 'warning: step' "$p/lxv.err" && [[ $(vals_of "$p/lxv.out" | awk '$2 ~ /^[0-9.]+$/' | wc -l) -eq 2 ]] &&
+            grep -q 'written with the logits and the classifier: resuming so (-lx 0)' "$p/lxr.out" &&
+            ! grep -q 'non-finite' "$p/lxr.err" && ok=1
+        report "[$prec] exp head: refused rows skip one step, then the logits" $ok \
+            "exit codes $rc_a $rc_b $rc_c $rc_d; finite steps after 1: $finite_after_1; stderr: $(head -c 300 "$p/lx.err")"
+        [[ $ok -eq 1 ]] || { show "$p/lx.out"; show "$p/lxv.err"; show "$p/lxr.out"; }
+    fi
     rm -rf "$p"
 done
 echo "$passed passed, $failed failed, $skipped skipped"
