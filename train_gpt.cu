@@ -531,13 +531,22 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, bool use_fla
     cuda_check(cudaDeviceSynchronize());
 }
 
-// The exp head (lm_head.cuh) where it runs: bf16 builds on Hopper, C and Vp multiples of 8. Returns
-// whether the model now takes it; its scratch is sized for gpt_create's B and T.
+// Where the exp head (lm_head.cuh) runs: bf16 builds on Hopper, C and Vp multiples of 8.
+inline bool gpt_exp_head_usable(const GPT& m) {
+#if defined(ENABLE_FP32)
+    return false;
+#else
+    return lm_head_exp_usable(m.config.C, m.config.Vp);
+#endif
+}
+
+// Takes the exp head where it runs. Returns whether the model now takes it; its scratch is sized for
+// gpt_create's B and T.
 inline bool gpt_use_exp_head(GPT& m) {
 #if defined(ENABLE_FP32)
     return false;
 #else
-    if (!lm_head_exp_usable(m.config.C, m.config.Vp)) return false;
+    if (!gpt_exp_head_usable(m)) return false;
     if (!m.head_shift) {
         const size_t rows = logits_rows(size_t(m.B) * m.T);
         m.head_shift = gpt_alloc<float>(m, rows * sizeof(float), "LM head target logits");
@@ -550,16 +559,11 @@ inline bool gpt_use_exp_head(GPT& m) {
 #endif
 }
 
-// Back to the logits and the classifier for good: the exp head's scratch is freed.
+// Back to the logits and the classifier for good, mid-run: the exp head's scratch is freed
+// (bytes_allocated, the start-up figure, keeps counting it).
 inline void gpt_drop_exp_head(GPT& m) {
     for (void* p : {(void*)m.head_shift, (void*)m.head_sums, (void*)m.head_scale, (void*)m.head_x})
         if (p) cuda_check(cudaFree(p));
-#if !defined(ENABLE_FP32)
-    if (m.head_shift) {
-        const size_t rows = logits_rows(size_t(m.B) * m.T);
-        m.bytes_allocated -= rows * (2 * sizeof(float) + lm_head_tiles(m.config.Vp) * sizeof(float) + m.config.C * sizeof(floatX));
-    }
-#endif
     m.head_shift = m.head_sums = m.head_scale = nullptr, m.head_x = nullptr;
     m.exp_head = false;
 }
@@ -1925,11 +1929,12 @@ int main(int argc, char** argv) {
     blas().tune_wide = o.tune_wide != 0;
     blas().tune_print = o.tune_wide != 0 && lead;  // -tw 1 prints what each plan's tuning kept
     gpt_create(m, host, o.B, o.T, o.flash != 0, o.gelu_fusion, o.recompute, o.overlap);
-    if (o.exp_head) gpt_use_exp_head(m);
-    if (resumed && state.head == 1 && m.exp_head) {  // written on the logits path (-lx 0, or after a refused row)
-        gpt_drop_exp_head(m);
-        if (lead) printf("the checkpoint of step %d was written with the logits and the classifier: resuming so (-lx 0)\n", state.step);
-    } else if (resumed && lead && (state.head == 2) != m.exp_head) {
+    if (o.exp_head && gpt_exp_head_usable(m)) {
+        if (!resumed || state.head != 1) gpt_use_exp_head(m);
+        else if (lead)  // written on the logits path (-lx 0, or after a refused row)
+            printf("the checkpoint of step %d was written with the logits and the classifier: resuming so (-lx 0)\n", state.step);
+    }
+    if (resumed && lead && (state.head == 2) != m.exp_head) {
         fprintf(stderr, "warning: the checkpoint of step %d was written with the %s LM head, this run has the %s one: its losses "
                 "will differ in rounding from an uninterrupted run\n", state.step, state.head == 2 ? "exp" : "logits",
                 m.exp_head ? "exp" : "logits");
