@@ -334,30 +334,40 @@ __global__ void wgmma_built_kernel(int* built) {
 #endif
 }
 
+// Launches a persistent kernel of kThreads-thread blocks in clusters of `cluster` along x: one block
+// an SM, at most `tiles` clusters. The grid must fit at once: the clusters the GPU can hold together
+// (a GPC whose SM count is odd leaves one SM out of pairs); one more would run after the others,
+// doubling the time. `resident` (the caller's, one per kernel) caches that count. The lab's GEMMs
+// (dev/cuda/matmul_wgmma.cu) launch through it too.
+template <typename... KernelArgs, typename... Args>
+void launch_persistent(void (*kernel)(KernelArgs...), size_t smem, int cluster, int tiles, int& resident, Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (!resident) {
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        config.gridDim = dim3(cluster);
+        cuda_check(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+        if (resident < 1) fail("no cluster of %d blocks of this GEMM fits on this GPU", cluster);
+    }
+    config.gridDim = dim3(std::min(tiles, resident) * cluster);
+    cuda_check(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
 // The persistent grid: as many pairs as fit at once (one block an SM), each taking tiles in turn.
 inline void exp_gemm(bf16* out, const bf16* x, const bf16* w, int M, int N, int K, const ExpOut& eo) {
     if (K % 8 || N % 8) fail("lm_head: C (%d) and the padded vocabulary (%d) must be multiples of 8", K, N);
     const CUtensorMap map_x = make_tensor_map(x, M, K, kBM), map_w = make_tensor_map(w, N, K, kBN / 2),
                       map_out = make_tensor_map(out, M, N, 64);
     const int tiles = ((M + 2 * kBM - 1) / (2 * kBM)) * ((N + kBN - 1) / kBN);
-    cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    static int resident = 0;  // pairs resident at once: a larger grid's extra pairs would run after the others
-    if (!resident) {
-        cuda_check(cudaFuncSetAttribute(exp_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-        config.gridDim = dim3(2);
-        cuda_check(cudaOccupancyMaxActiveClusters(&resident, exp_gemm_kernel, &config));
-        if (resident < 1) fail("lm_head: no pair of blocks fits on this GPU");
-    }
-    config.gridDim = dim3(std::min(tiles, resident) * 2);
+    static int resident = 0;
     const int group = std::min(kTileGroup, (M + 2 * kBM - 1) / (2 * kBM));
-    cuda_check(cudaLaunchKernelEx(&config, exp_gemm_kernel, map_x, map_w, map_out, M, N, K, group, eo));
+    launch_persistent(exp_gemm_kernel, kSmemBytes, 2, tiles, resident, map_x, map_w, map_out, M, N, K, group, eo);
 }
 
 // shift[r] = x[r] . w[target[r]] in fp32: a warp per row, 16-byte loads (C a multiple of 8), the

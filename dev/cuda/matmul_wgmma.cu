@@ -77,6 +77,7 @@ using flash_detail::wgmma_wait;
 
 using lm_head_detail::cluster_rank;
 using lm_head_detail::cluster_sync;
+using lm_head_detail::launch_persistent;
 using lm_head_detail::make_tensor_map;
 using lm_head_detail::mbar_arrive;
 using lm_head_detail::mbar_arrive_cluster;
@@ -120,6 +121,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t a_
 //               `mbarrier.arrive.release.cluster`) halved the kernel's speed.
 
 constexpr int kBM = 128, kBN = 256, kBK = 64, kThreads = 384;
+static_assert(kThreads == lm_head_detail::kThreads, "every version launches through lm_head.cuh's launch_persistent");
 constexpr int kTileA = kBM * kBK * 2, kTileB = kBN * kBK * 2;  // bytes of one stage's a and b
 template <int STAGES, int STORE_COLS> constexpr size_t smem_bytes() {
     return size_t(STAGES) * (kTileA + kTileB) + 2 * (64 * STORE_COLS * 2) + 2 * STAGES * sizeof(uint64_t) + 1024;
@@ -268,30 +270,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 int g_group = 16;  // --group
-
-// Launches a persistent kernel of kThreads-thread blocks in clusters of `cluster` along x: one block
-// an SM, at most `tiles` clusters. The grid must fit at once: the clusters the GPU can hold together
-// (a GPC whose SM count is odd leaves one SM out of pairs); one more would run after the others,
-// doubling the time. `resident` (the caller's, one per kernel) caches that count.
-template <typename... KernelArgs, typename... Args>
-void launch_persistent(void (*kernel)(KernelArgs...), size_t smem, int cluster, int tiles, int& resident, Args... args) {
-    cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    if (!resident) {
-        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        config.gridDim = dim3(cluster);
-        cuda_check(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-        if (resident < 1) fail("no cluster of %d blocks of this GEMM fits on this GPU", cluster);
-    }
-    config.gridDim = dim3(std::min(tiles, resident) * cluster);
-    cuda_check(cudaLaunchKernelEx(&config, kernel, args...));
-}
 
 template <int STAGES, int STORE_COLS, int CLUSTER, bool MULTICAST> void gemm_ours(bf16* out, const bf16* a, const bf16* b, int M, int N, int K) {
     if (K % 8 || N % 8) fail("gemm_ours: K (%d) and N (%d) must be multiples of 8", K, N);
