@@ -83,9 +83,9 @@ build/test/libfault_inject.so: test/fault_inject.c
 	$(CC) -O2 -Wall -shared -fPIC $< -o $@ -ldl
 all: build/test/libfault_inject.so
 
-# The test runner checks that every program in this list was built.
+# The test runner checks that every program in this list was built (one path a line).
 list-programs:
-	@echo $(PROGRAMS)
+	@printf '%s\n' $(PROGRAMS)
 
 # The Python interpreter the tests and data preparation use (see PYTHON above).
 build/python: scripts/setup_python.sh

@@ -161,8 +161,8 @@ static bool gelu_formula_check(const char* what, const std::vector<float>& x, co
 // forward: a zero weight and bias = x make the pre-activation exactly x, so the auxiliary output
 // must equal x and the output is gelu(x); backward (gelu_fusion 2): dout = ones, weight = 1/8, so
 // dout @ weight = 1 exactly and dinp = gelu'(x). x runs along the output rows' length, so a
-// mistaken auxiliary layout shows too. A probe that cuBLASLt would not fuse proves nothing: noted,
-// not counted.
+// mistaken auxiliary layout shows too. A probe that cuBLASLt would not fuse proves nothing: counted
+// as skipped.
 static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
     const int N = 64, K = 8, X = 1024;  // rows, inner dimension, grid points
     std::vector<float> x(X);
@@ -179,7 +179,7 @@ static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
         matmul_forward(out, inp, weight, bias, N, K, X, MatmulForwardOptions<floatX>().with_pre_gelu(pre));
         cuda_check(cudaDeviceSynchronize());
         if (b.gelu_fused == fused_before) {
-            printf("  forward          not probed: cuBLASLt has no GELU_AUX_BIAS algorithm for the probe\n");
+            counter.skip("  forward GELU probe", "cuBLASLt has no GELU_AUX_BIAS algorithm for the probe");
         } else {
             const std::vector<float> got_out = download(out, size_t(N) * X), got_pre = download(pre, size_t(N) * X);
             size_t bad_pre = 0, bad_rows = 0;
@@ -211,7 +211,7 @@ static void probe_gelu_epilogues(int gelu_fusion, TestCounter& counter) {
         matmul_backward(dinp, dweight, (floatX*)nullptr, dout, pre, weight, N, X, K, MatmulBackwardOptions<floatX>().with_pre_gelu(pre));
         cuda_check(cudaDeviceSynchronize());
         if (b.gelu_fused == fused_before) {
-            printf("  backward         not probed: cuBLASLt has no DGELU algorithm for the probe\n");
+            counter.skip("  backward GELU probe", "cuBLASLt has no DGELU algorithm for the probe");
         } else {
             const std::vector<float> got = download(dinp, size_t(N) * X);
             size_t bad_rows = 0;
@@ -299,7 +299,9 @@ int main(int argc, char** argv) {
         counter.record(compare_tensor("logits", logits, ref.logits.data(), logits.size(), kTensorTol));
     }
     counter.record(compare_loss("loss", loss, ref.loss, kLossTol));
-    if (exp_head_on) {  // and the loss from the exp head's row sums
+    if (exp_head_on) {  // and the loss from the exp head's row sums (the losses poisoned first: the
+        // logits path above wrote the right ones into the same buffer)
+        cuda_check(cudaMemset(m.stats.losses, 0xff, size_t(BT) * sizeof(float)));
         gpt_forward(m, B, T, true, 0.0f);
         counter.record(compare_loss("loss (exp head)", gpt_mean_loss(m, B, T), ref.loss, kLossTol));
     }

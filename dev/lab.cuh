@@ -89,8 +89,8 @@ struct TestCounter {
     int passed = 0, failed = 0, skipped = 0;
     void pass() { passed++; }
     void fail_one() { failed++; }
-    void skip(const char* what) {
-        printf("%s: skipped (no CUDA device)\n", what);
+    void skip(const char* what, const char* why = "no CUDA device") {
+        printf("%s: skipped (%s)\n", what, why);
         skipped++;
     }
     void record(bool ok) { ok ? passed++ : failed++; }

@@ -21,9 +21,18 @@ trap 'rm -rf "$logs"' EXIT
 
 count_line_re='^([A-Za-z]+: )?([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$'
 
+# The programs `make` builds, a path a line. make's own messages on stdout (such as NCCL's absence)
+# are not paths and are left out; a failing make, or an empty list, ends the run here.
+if ! listed=$(MAKEFLAGS= make -s list-programs); then
+    echo "error: make list-programs failed" >&2
+    exit 1
+fi
+programs=$(grep -E '^[^[:space:]]+$' <<<"$listed")
+[[ -n $programs ]] || { echo "error: make list-programs listed no program" >&2; exit 1; }
+
 check_built() {
     local p=0 f=0
-    for prog in $(MAKEFLAGS= make -s list-programs); do
+    for prog in $programs; do
         if [[ -x "$prog" ]]; then echo "  compiled: $prog"; p=$((p + 1))
         else echo "  NOT BUILT: $prog"; f=$((f + 1)); fi
     done
@@ -43,7 +52,7 @@ for t in test/test_*.sh; do
 done
 for t in test/test_*.py; do [[ -e "$t" ]] && add "$t" "$PYTHON" "$t"; done
 for t in build/test/test_*; do [[ -x "$t" ]] && add "$t" "$t"; done
-for t in $(MAKEFLAGS= make -s list-programs); do
+for t in $programs; do
     [[ "$t" == dev/cuda/* ]] && add "$t --check" "./$t" --check
 done
 

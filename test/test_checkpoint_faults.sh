@@ -103,6 +103,20 @@ for action in enospc eio; do
     done
 done
 
+echo "=== the newest checkpoint damaged: the run resumed from an older one keeps its own saves"
+d=$tmp/damaged
+mkdir "$d"
+$tool save "$d" 50 1 >/dev/null && $tool save "$d" 100 1 >/dev/null
+# keep 1 left step 100 alone; flip one byte inside its state file (past the header)
+printf '\x01' | dd of="$d/state_00000100.bin" bs=1 seek=5000 conv=notrunc status=none
+$tool save "$d" 50 1 >/dev/null  # (50 again: what keep 1 removed)
+took=$($tool resume "$d" 2>/dev/null)
+$tool save "$d" 60 1 >/dev/null
+took2=$($tool resume "$d" 2>/dev/null)
+report "state 100 damaged: resume takes 50, then a save of 60 with keep 1 is kept" \
+    "$([[ $took == "resume 50" && $took2 == "resume 60" && -e $d/state_00000060.bin ]] && echo 1 || echo 0)" \
+    "resume '$took', then '$took2'; the folder holds: $(ls "$d" | tr '\n' ' ')"
+
 echo "=== a run's first save killed before each operation: -y 1 starts over"
 mkdir "$tmp/first_count"
 FAULT_ONLY="$tmp/first_count" FAULT_TRACE="$tmp/trace1" LD_PRELOAD=$shim $tool save "$tmp/first_count" 10 >/dev/null
@@ -112,10 +126,14 @@ for ((k = 1; k <= ops1; k++)); do
     d=$tmp/first_$k
     mkdir "$d"
     (FAULT_ONLY="$d" FAULT_AT=$k FAULT_ACTION=kill LD_PRELOAD=$shim $tool save "$d" 10 >/dev/null 2>&1; exit $?) 2>/dev/null
+    rc=$?
     took=$($tool resume "$d" 2>/dev/null)
     want=$([[ -e $d/state_00000010.bin ]] && echo "resume 10" || echo "fresh")
-    [[ $took == "$want" ]] || bad+=" op $k: '$took' (expected '$want');"
+    if [[ $rc -ne 137 ]]; then bad+=" op $k: exit $rc, expected to be killed (137);"
+    elif [[ $took != "$want" ]]; then bad+=" op $k: '$took' (expected '$want');"
+    fi
 done
+[[ $ops1 -ge 10 ]] || bad+=" a first save counted only $ops1 file operations (a save makes more);"
 report "first save killed at each of its $ops1 operations: -y 1 resumes or starts over" "$([[ -z $bad ]] && echo 1 || echo 0)" "${bad:-all $ops1 as expected}"
 
 echo "$passed passed, $failed failed, 0 skipped"

@@ -87,7 +87,7 @@ done
 mapfile -t runs < <(for f in "$tmp"/s5.*.txt; do ids_of "$f"; done)
 other=$(for f in "$tmp"/s6.*.txt; do ids_of "$f"; done)
 report "sampling: seed 5 twice gives the same tokens, seed 6 others" \
-    "$([[ ${#runs[@]} -eq 2 && -n ${runs[0]} && ${runs[0]} == "${runs[1]}" && $other != "${runs[0]}" ]] && echo 1 || echo 0)" \
+    "$([[ ${#runs[@]} -eq 2 && -n ${runs[0]} && ${runs[0]} == "${runs[1]}" && -n $other && $other != "${runs[0]}" ]] && echo 1 || echo 0)" \
     "${runs[0]:0:50}..."
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 ]]

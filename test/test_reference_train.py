@@ -25,6 +25,9 @@ from checks import check, finish, one_line_error, ref_cli  # noqa: E402
 import torch  # noqa: E402
 import gpt_reference as ref  # noqa: E402
 
+# fp32 on both sides, the same operations in other orders (PyTorch's clip_grad_norm_ and AdamW against
+# the loop written here): measured at most 6.3e-7 relative (gradient norms) and 3.3e-6 of a tensor's
+# largest value (the checkpoint after AdamW); 1e-5 leaves 3x.
 BOUND = 1e-5
 MODEL = "L=2,NH=2,C=32,V=500,maxT=16"
 STEP_LINE = re.compile(r"^step +(\d+)/(\d+) \| loss (\S+) \| norm (\S+) \| lr (\S+) \| \S+ ms \| \S+ tok/s$")

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A whole training run of ours beside PyTorch's (needs a GPU): train_gpt and `gpt_reference.py train`
 # with the same checkpoint, token files and flags; every step's loss and gradient norm, and every
-# validation loss, must agree: train_gpt_fp32 within 1e-5 relative, train_gpt_bf16 within 1e-2.
+# validation loss, must agree: train_gpt_fp32 within 1e-5 relative, train_gpt_bf16 within 1e-2. (fp32:
+# both sides differ by summation order only; bf16: ours rounds every activation and gradient to bf16,
+# 2^-9 relative, where PyTorch keeps fp32, and the gap grows over the updates: the bound test_gpt.sh
+# uses, where 10 updates at d12 measured up to 2.4e-3.)
 #
 # Runs, on d12 (GPT-2 124M's shape, gpt_reference.py init) and synthetic learnable tokens
 # (test/train_inputs.py, 32,769 training and 8,193 validation tokens):
@@ -54,7 +57,7 @@ fi
 # its checks (losses, norms, and validation losses when the run validates).
 compare() {
     "$PYTHON" - "$@" <<'EOF'
-import csv, re, sys
+import csv, math, re, sys
 ours_log, ref_dir, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
 step_re = re.compile(r"^step +(\d+)/\d+ \| loss (\S+) \| norm (\S+) \|")
 val_re = re.compile(r"^step +(\d+) \| val loss (\S+)$")
@@ -68,7 +71,9 @@ rows = list(csv.DictReader(open(f"{ref_dir}/metrics.csv")))
 theirs = {int(r["step"]): (float(r["train_loss"]), float(r["grad_norm"])) for r in rows if r["train_loss"]}
 theirs_val = {int(r["step"]): float(r["val_loss"]) for r in rows if r["val_loss"]}
 
-def err(printed, ref):  # relative error, less half a unit of the last printed digit
+def err(printed, ref):  # relative error, less half a unit of the last printed digit; inf unless both finite
+    if not (math.isfinite(float(printed)) and math.isfinite(ref)):
+        return math.inf
     half = 0.5 * 10.0 ** -len(printed.split(".")[1]) if "." in printed else 0.5
     return max(0.0, abs(float(printed) - ref) - half - 5e-7) / max(abs(ref), 1e-12)
 

@@ -126,6 +126,8 @@ inline bool lt_run(const LtSetup& s, const LtProblem& p, int i) {
 // Bounds, per element: |got - ref| <= atol + rtol (|ref| + |inner|), rtol = 2^-8 in bf16, 1e-6 in fp32.
 //   - The inputs are storage-type values read exactly by both sides; products accumulate in fp32, at
 //     most ~K 2^-24 sum|a b| of error (atol allows 4x that).
+//   - rtol in fp32: each rounding is at most 2^-24 relative (6e-8), and a result carries at most four
+//     (itself and the intermediates below), 2.4e-7: 1e-6 leaves 4x.
 //   - A bf16 result is rounded once (at most 2^-8 |ref|: 8 significant bits), and some paths round an intermediate too: the
 //     unfused bias (the GEMM's result, then the sum), the += of dweight (cuBLAS rounds the product
 //     to bf16 before adding the old value: seen on the H100, not documented) and the unfused GELU
