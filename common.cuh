@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -37,6 +38,10 @@
     fwrite(line, 1, strlen(line), stderr);
     exit(1);
 }
+
+// For std::set_new_handler at the start of a program: a host allocation too large for the machine
+// (a model or file whose header asks for more) ends in one line, not std::bad_alloc's abort.
+inline void fail_out_of_host_memory() { fail("out of host memory"); }
 
 inline void cuda_check_impl(cudaError_t err, const char* expr, const char* file, int line) {
     if (err != cudaSuccess) fail("CUDA: %s (%s) at %s:%d", cudaGetErrorString(err), expr, file, line);

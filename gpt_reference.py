@@ -903,7 +903,22 @@ def adamw_update(params, lr, t, weight_decay, factor):
             p.sub_(lr * (m / c1) / (torch.sqrt(v / c2) + eps))
 
 
+def validation_beside(train):
+    """train_gpt's validation data beside -i's: "val" for the last "train" of the file name ("" if none)."""
+    name = train.rfind("/") + 1
+    at = train.rfind("train")
+    return "" if at < name else train[:at] + "val" + train[at + 5:]
+
+
 def cmd_train(a):
+    if a.v > 0 and a.j is None and a.i is not None:  # as train_gpt: the validation data beside -i's
+        a.j = validation_beside(a.i)
+        found = [a.j] if a.j and os.path.isfile(a.j) else sorted(glob.glob(a.j)) if a.j else []
+        if not found:
+            looked = f" (looked for '{a.j}')" if a.j else ""
+            raise Error(f"-i {a.i}: no validation data beside it{looked}: give -j, or -v 0 to train without validation")
+    a.i = a.i or "data/tinyshakespeare/tiny_shakespeare_train.bin"
+    a.j = a.j or "data/tinyshakespeare/tiny_shakespeare_val.bin"
     device = pick_device(a.device)
     if a.e in GPT2_DESCRIPTORS:
         cfg = parse_model(a.e)
@@ -1094,10 +1109,12 @@ def main(argv=None):
     tr.add_argument("-e", default="d12", metavar="MODEL",
                     help="checkpoint (or any file import reads), or d6|d12|d24|d36|d48 for train_gpt's own "
                          "random init from -sd (default d12)")
-    tr.add_argument("-i", default="data/tinyshakespeare/tiny_shakespeare_train.bin", metavar="GLOB",
-                    help="training token files: a glob, files sorted by path and concatenated")
-    tr.add_argument("-j", default="data/tinyshakespeare/tiny_shakespeare_val.bin", metavar="GLOB",
-                    help="validation token files, likewise")
+    tr.add_argument("-i", default=None, metavar="GLOB",
+                    help="training token files: a glob, files sorted by path and concatenated (default: Tiny "
+                         "Shakespeare's)")
+    tr.add_argument("-j", default=None, metavar="GLOB",
+                    help="validation token files, likewise (default: beside -i's, 'val' for the last 'train' of "
+                         "its file name; without -i Tiny Shakespeare's)")
     tr.add_argument("-b", type=ranged(int, 1, 4096), default=16, metavar="B", help="micro-batch size (default 16)")
     tr.add_argument("-t", type=ranged(int, 1, 65536), default=1024, metavar="T", help="sequence length (default 1024)")
     tr.add_argument("-d", type=ranged(int, 1, 1 << 30), default=0, metavar="TOKENS",

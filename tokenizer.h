@@ -11,6 +11,8 @@
 //     whitespace is Unicode's White_Space property.
 #pragma once
 
+#include <functional>
+#include <queue>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -205,6 +207,11 @@ inline Tokenizer read_tokenizer(const std::string& path) {
     Tokenizer tok;
     tok.vocab_size = header[2];
     if (tok.vocab_size < 1) fail("tokenizer %s: vocab size %d, expected at least 1", p, tok.vocab_size);
+    // Every token takes at least 2 bytes (its length and one byte): a larger count is a damaged header,
+    // said before anything is allocated for it.
+    if (uint64_t(tok.vocab_size) > (bytes.size() - FILE_HEADER_BYTES) / 2)
+        fail("tokenizer %s: vocab size %d, but its %zu bytes hold at most %zu tokens; damaged?", p, tok.vocab_size,
+             bytes.size(), (bytes.size() - FILE_HEADER_BYTES) / 2);
     if (header[1] == 2) {
         tok.eot_token = header[3];
         if (tok.eot_token < 0 || tok.eot_token >= tok.vocab_size)
@@ -287,7 +294,11 @@ inline size_t gpt2_piece_end(const std::vector<uint32_t>& cp, size_t i) {
     return e - 1;
 }
 
-// GPT-2's byte-pair merge of one pre-token (tiktoken's rule: a piece that is a token is that token).
+// GPT-2's byte-pair merge of one pre-token (tiktoken's rule: a piece that is a token is that token):
+// while two adjacent parts join into a token, join the pair whose token has the lowest id, the
+// leftmost of equals. The candidate pairs wait in a min-heap by (id, start); a merge changes only the
+// pairs beside it, and an entry whose parts have changed since is dropped when it comes up. So a long
+// piece costs n log n, not n^2 (a prompt of one 100,000-letter word takes a moment, not minutes).
 inline void bpe_merge(const Tokenizer& tok, const std::string& piece, std::vector<int>& out) {
     auto id_of = [&](size_t a, size_t b) {
         auto it = tok.ranks.find(piece.substr(a, b - a));
@@ -297,21 +308,36 @@ inline void bpe_merge(const Tokenizer& tok, const std::string& piece, std::vecto
         out.push_back(whole);
         return;
     }
-    std::vector<size_t> bounds(piece.size() + 1);  // parts are [bounds[k], bounds[k + 1])
-    for (size_t k = 0; k <= piece.size(); k++) bounds[k] = k;
-    for (;;) {
-        int best = -1;
-        size_t at = 0;
-        for (size_t k = 0; k + 2 < bounds.size(); k++) {
-            const int id = id_of(bounds[k], bounds[k + 2]);
-            if (id >= 0 && (best < 0 || id < best)) best = id, at = k;
-        }
-        if (best < 0) break;
-        bounds.erase(bounds.begin() + at + 1);
+    // Parts are [k, end[k]) for the starts k still alive; prev / next link the alive starts.
+    const size_t n = piece.size();
+    std::vector<size_t> end(n), prev(n), next(n);
+    std::vector<char> alive(n, 1);
+    for (size_t k = 0; k < n; k++) end[k] = k + 1, prev[k] = k - 1, next[k] = k + 1;  // prev[0], next[n-1]: out of range
+    struct Pair {
+        int id;
+        size_t left, right_end;  // the pair [left, right_end) as it was when pushed
+        bool operator>(const Pair& o) const { return id != o.id ? id > o.id : left > o.left; }
+    };
+    std::priority_queue<Pair, std::vector<Pair>, std::greater<Pair>> heap;
+    auto push = [&](size_t left) {  // the pair of part `left` and the part after it, if that is a token
+        if (left >= n || next[left] >= n) return;
+        const size_t right_end = end[next[left]];
+        if (const int id = id_of(left, right_end); id >= 0) heap.push({id, left, right_end});
+    };
+    for (size_t k = 0; k + 1 < n; k++) push(k);
+    while (!heap.empty()) {
+        const Pair p = heap.top();
+        heap.pop();
+        if (!alive[p.left] || next[p.left] >= n || end[next[p.left]] != p.right_end) continue;  // stale
+        const size_t right = next[p.left];
+        end[p.left] = end[right], alive[right] = 0, next[p.left] = next[right];
+        if (next[right] < n) prev[next[right]] = p.left;
+        push(p.left);
+        if (p.left > 0) push(prev[p.left]);
     }
-    for (size_t k = 0; k + 1 < bounds.size(); k++) {
-        const int id = id_of(bounds[k], bounds[k + 1]);
-        if (id < 0) fail("tokenizer: byte 0x%02x has no token (not a GPT-2 tokenizer file?)", (unsigned char)piece[bounds[k]]);
+    for (size_t k = 0; k < n; k = next[k]) {
+        const int id = id_of(k, end[k]);
+        if (id < 0) fail("tokenizer: byte 0x%02x has no token (not a GPT-2 tokenizer file?)", (unsigned char)piece[k]);
         out.push_back(id);
     }
 }

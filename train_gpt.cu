@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -71,6 +72,13 @@ inline std::string config_error(const GPTConfig& c) {
         c.V > 1 << 20 || c.Vp < c.V || c.Vp > (1 << 20) + 128 || c.C % c.NH != 0) {
         snprintf(buf, sizeof(buf), "invalid model config L=%d NH=%d C=%d maxT=%d V=%d Vp=%d", c.L, c.NH, c.C, c.maxT, c.V,
                  c.Vp);
+        return buf;
+    }
+    // The largest tensors: fcw and fcprojw (L x 4C x C), wte (Vp x C), wpe (maxT x C).
+    const uint64_t largest = std::max({uint64_t(c.L) * 4 * c.C * c.C, uint64_t(c.Vp) * c.C, uint64_t(c.maxT) * c.C});
+    if (largest >= uint64_t(1) << 31) {
+        snprintf(buf, sizeof(buf), "model config L=%d NH=%d C=%d maxT=%d V=%d Vp=%d: a tensor of %llu elements, the limit is 2^31",
+                 c.L, c.NH, c.C, c.maxT, c.V, c.Vp, (unsigned long long)largest);
         return buf;
     }
     return "";
@@ -1307,9 +1315,12 @@ inline CheckpointScan scan_checkpoints(const std::string& dir) {
 inline std::vector<int> checkpoint_steps(const std::string& dir) { return scan_checkpoints(dir).states; }
 
 // Removes what interrupted saves left (temp files, lone model or state files), then keeps the newest
-// `keep` checkpoints. Called only after a new checkpoint is complete, or at the start of a run that
-// found nothing complete to resume from (keep = 0: leftovers only).
-inline void prune_checkpoints(const std::string& dir, int keep) {
+// `keep` checkpoints up to step `written`, the one just saved. Called only after a new checkpoint is
+// complete, or at the start of a run that found nothing complete to resume from (keep = 0: leftovers
+// only). Checkpoints after `written` are left alone and not counted: a run resumed from an older
+// checkpoint because the newer ones are damaged must not count those as the ones it keeps, or it
+// would delete its own.
+inline void prune_checkpoints(const std::string& dir, int keep, int written = INT_MAX) {
     const CheckpointScan scan = scan_checkpoints(dir);
     for (const std::string& path : scan.temps) unlink(path.c_str());
     for (int step : scan.orphan_models) unlink(checkpoint_path(dir, "model", step).c_str());
@@ -1317,6 +1328,7 @@ inline void prune_checkpoints(const std::string& dir, int keep) {
     int kept = 0;
     for (int step : scan.states) {
         if (std::find(scan.lone_states.begin(), scan.lone_states.end(), step) != scan.lone_states.end()) continue;
+        if (step > written) continue;
         if (keep <= 0 || ++kept <= keep) continue;
         unlink(checkpoint_path(dir, "state", step).c_str());  // the commit record first
         unlink(checkpoint_path(dir, "model", step).c_str());
@@ -1527,7 +1539,7 @@ static void usage(const Options& d) {
            "  -b <int>    micro-batch size B, per GPU (default %d)\n"
            "  -t <int>    sequence length T, at most the model's maxT (default %d)\n"
            "  -d <int>    total batch size in tokens, a multiple of B*T*GPUs (default B*T*GPUs: no accumulation)\n"
-           "  -x <int>    optimizer steps (default %d)\n"
+           "  -x <int>    optimizer steps, at most 99999999 (checkpoint names hold 8 digits; default %d)\n"
            "  -l <float>  peak learning rate (default %g)\n"
            "  -u <int>    warmup steps, linear from 0 (default %d)\n"
            "  -q <float>  final learning rate as a fraction of -l, cosine decay (default %g)\n"
@@ -1553,7 +1565,7 @@ static void usage(const Options& d) {
            "  -tw <0|1>   1 = tune each matmul also over the configurations around cuBLASLt's heuristic (up to 3 s\n"
            "              a shape at start): the same bits, ~1%% faster at B=64 on an H100 (default %d)\n"
            "  -lx <0|1>   where it runs (bf16 builds on Hopper), 1 = the LM head's GEMM writes exp(logits) and the\n"
-           "              classifier no pass over the logits: ~3%% faster at d12, other bits (default %d)\n"
+           "              classifier no pass over the logits: ~2.5%% faster at d12, other bits (default %d)\n"
            "  -pf <0|1>   time every kernel family with CUDA events and print the breakdown at the end; the last\n"
            "              step runs between cudaProfilerStart/Stop (ncu --profile-from-start off) (default %d)\n"
            "several GPUs (one process each, started by mpirun, srun, torchrun or scripts/launch.sh)\n"
@@ -1573,7 +1585,7 @@ static void usage(const Options& d) {
 
 static Options parse_options(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i += 2)  // flag positions only: "-h" as a flag's value (a prompt) is that value
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(o);
             exit(0);
@@ -1599,7 +1611,7 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-b") o.B = (int)parse_int_flag(fl, v, 1, 4096);
         else if (f == "-t") o.T = (int)parse_int_flag(fl, v, 1, 65536);
         else if (f == "-d") o.total_batch = parse_int_flag(fl, v, 1, 1 << 30);
-        else if (f == "-x") o.max_steps = (int)parse_int_flag(fl, v, 1, 1 << 30);
+        else if (f == "-x") o.max_steps = (int)parse_int_flag(fl, v, 1, 99999999);
         else if (f == "-l") o.lr = (float)parse_float_flag(fl, v, 0.0, 10.0);
         else if (f == "-u") o.warmup = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-q") o.final_lr_frac = (float)parse_float_flag(fl, v, 0.0, 1.0);
@@ -1716,8 +1728,39 @@ static void on_stop_signal(int sig) {
     if (!g_stop_signal) g_stop_signal = sig, g_stop_time = now.tv_sec;
 }
 
+// main.log or metrics.csv: each row flushed as it is written. A row that cannot be written (a full
+// disk) is said once on stderr and the run goes on: its checkpoints, written and checked on their own,
+// are what a run must not lose.
+struct RunLog {
+    FILE* file = nullptr;
+    std::string path;
+    bool warned = false;
+    void open(const std::string& p) {
+        path = p;
+        file = fopen(p.c_str(), "a");
+        if (!file) fail("cannot open '%s' for appending: %s", p.c_str(), strerror(errno));
+    }
+    void row(const char* fmt, ...) {
+        if (!file) return;
+        va_list args;
+        va_start(args, fmt);
+        const int n = vfprintf(file, fmt, args);
+        va_end(args);
+        if ((n < 0 || fflush(file) != 0) && !warned) {
+            fprintf(stderr, "warning: cannot write to %s (%s): its rows from here on may be lost\n", path.c_str(), strerror(errno));
+            warned = true;
+        }
+    }
+    void close() {
+        if (file && fclose(file) != 0 && !warned)
+            fprintf(stderr, "warning: closing %s: %s: its last rows may be lost\n", path.c_str(), strerror(errno));
+        file = nullptr;
+    }
+};
+
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
+    std::set_new_handler(fail_out_of_host_memory);
     const Options o = parse_options(argc, argv);
     Dist dist;
     dist_from_env(dist);
@@ -1969,15 +2012,14 @@ int main(int argc, char** argv) {
     }
     // The run folder's logs: main.log in llm.c's form ("s:STEP trl:LOSS" / "s:STEP tel:LOSS") and
     // metrics.csv (a header, then a row per step and per validation; scripts/plot_runs.py reads it).
-    FILE* log = nullptr;
-    FILE* metrics = nullptr;
+    RunLog log, metrics;
     if (!o.out_dir.empty() && lead) {
-        const std::string log_path = o.out_dir + "/main.log", csv_path = o.out_dir + "/metrics.csv";
-        const bool csv_new = !file_exists(csv_path);
-        log = fopen(log_path.c_str(), "a");
-        metrics = fopen(csv_path.c_str(), "a");
-        if (!log || !metrics) fail("cannot open '%s' for appending: %s", (log ? csv_path : log_path).c_str(), strerror(errno));
-        if (csv_new) fprintf(metrics, "step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n"), fflush(metrics);
+        const std::string csv_path = o.out_dir + "/metrics.csv";
+        struct stat csv_stat;
+        const bool csv_new = stat(csv_path.c_str(), &csv_stat) != 0 || csv_stat.st_size == 0;  // empty: killed before its header
+        log.open(o.out_dir + "/main.log");
+        metrics.open(csv_path);
+        if (csv_new) metrics.row("step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n");
     }
 
     AdamWConfig adam;
@@ -2022,8 +2064,8 @@ int main(int argc, char** argv) {
         dist_progress(dist);
         if (!lead) return;
         printf("step %5d | val loss %.6f\n", step, last_val);
-        if (log) fprintf(log, "s:%d tel:%.6f\n", step, last_val), fflush(log);
-        if (metrics) fprintf(metrics, "%d,,%.6f,,,,\n", step, last_val), fflush(metrics);
+        log.row("s:%d tel:%.6f\n", step, last_val);
+        metrics.row("%d,,%.6f,,,,\n", step, last_val);
     };
     auto sample = [&](int step) {
         if (!lead) return;  // the others go on to the next step's first collective and wait there
@@ -2047,7 +2089,7 @@ int main(int argc, char** argv) {
         save_checkpoint(m, o.out_dir, state);
         if (lead) {
             DistSolo solo(dist);
-            prune_checkpoints(o.out_dir, o.checkpoint_keep);
+            prune_checkpoints(o.out_dir, o.checkpoint_keep, step);
         }
         last_checkpoint = step;
         dist_progress(dist);
@@ -2074,8 +2116,8 @@ int main(int argc, char** argv) {
     // The run's last steps, at a normal end or a stop: close the logs, then tell the other ranks this
     // one is done (so that none takes its end for a failure).
     auto close_run = [&] {
-        if (log) fclose(log);
-        if (metrics) fclose(metrics);
+        log.close();
+        metrics.close();
 #if !defined(NO_NCCL)
         dist_finish(dist);
 #endif
@@ -2182,8 +2224,8 @@ int main(int argc, char** argv) {
             printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s\n", step + 1,
                    o.max_steps, train_loss, norm, lr, ms, tok_s, 100.0 * flops_per_token * tok_s / dist.world / peak_flops,
                    format_duration(eta).c_str());
-            if (log) fprintf(log, "s:%d trl:%.6f\n", step + 1, train_loss), fflush(log);
-            if (metrics) fprintf(metrics, "%d,%.6f,,%.6e,%.6f,%.3f,%.1f\n", step + 1, train_loss, lr, norm, ms, tok_s), fflush(metrics);
+            log.row("s:%d trl:%.6f\n", step + 1, train_loss);
+            metrics.row("%d,%.6f,,%.6e,%.6f,%.3f,%.1f\n", step + 1, train_loss, lr, norm, ms, tok_s);
         }
         if (checkpoints(step + 1)) checkpoint(step + 1);
     }

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
         make_state(step, params, m, v, st);
         std::string error;
         if (!write_checkpoint(dir, kConfig, st, params, m, v, &error)) fail("writing checkpoint for step %d: %s", step, error.c_str());
-        prune_checkpoints(dir, keep);
+        prune_checkpoints(dir, keep, step);
         printf("saved step %d\n", step);
         return 0;
     }

@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 import unicodedata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -92,6 +93,15 @@ def main():
             else:
                 chars.append(rng.choice(pools[rng.choice("LNMPSZ")]))
         compare(f"random text {k + 1} (400 code points)", "".join(chars))
+    # Long pre-tokens (one word of many merges; equal ranks side by side), in a time limit: the merge
+    # costs n log n, so 100,000 letters take well under a second.
+    long_word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(100000))
+    for name, text in {"one word of 100,000 random letters": long_word, "'a' x 20,000": "a" * 20000,
+                       "'ab' x 10,000 after a space": " " + "ab" * 10000, "digits x 30,000": "7" * 30000}.items():
+        start = time.monotonic()
+        compare(name, text)
+        took = time.monotonic() - start
+        check(f"  ... encoded within 10 s", took < 10.0, f"{took:.2f} s")
     finish()
 
 

@@ -74,6 +74,7 @@ edit "$tmp/tok.bin" "$tmp/tok_long.bin" --append 1
 edit "$tmp/tok.bin" "$tmp/tok_magic.bin" --set-int 0=20240520
 edit "$tmp/tok.bin" "$tmp/tok_version.bin" --set-int 1=3
 edit "$tmp/tok.bin" "$tmp/tok_eot.bin" --set-int 3=1237
+edit "$tmp/tok.bin" "$tmp/tok_huge.bin" --set-int 2=2147483647
 "$PYTHON" - "$tmp/tok.bin" "$tmp/tok_zero.bin" <<'EOF'
 import sys
 data = bytearray(open(sys.argv[1], "rb").read())
@@ -249,7 +250,7 @@ for prec in fp32 bf16; do
     expect_valid "-o new folder accepted" "${base[@]}" -o "$tmp/out_$prec"
 
     # ---- numeric flags: non-numeric, trailing garbage, out of range, non-positive, empty, space
-    int_flags=("-b 1 4096" "-t 1 65536" "-d 1 1073741824" "-x 1 1073741824" "-u 0 1073741824" "-v 0 1073741824"
+    int_flags=("-b 1 4096" "-t 1 65536" "-d 1 1073741824" "-x 1 99999999" "-u 0 1073741824" "-v 0 1073741824"
                "-m 1 1048576" "-s 0 1073741824" "-g 1 65536" "-n 0 1073741824" "-nk 1 1048576" "-y 0 1"
                "-sd 0 4611686018427387904" "-sh 0 1" "-pf 0 1" "-fa 0 1" "-ge 0 2" "-r 0 1" "-ov 0 1" "-tw 0 1" "-lx 0 1")
     for spec in "${int_flags[@]}"; do
@@ -271,6 +272,7 @@ for prec in fp32 bf16; do
     expect_error "unknown flag --batch" "--batch" "${base[@]}" --batch 4
     expect_error "unknown flag -B (flags are case-sensitive)" "-B" "${base[@]}" -B 4
     expect_error "stray argument" "stray" "${base[@]}" stray
+    expect_error "-x -h: a value, not a request for help" "flag -x:" "${base[@]}" -x -h
     expect_error "-b without a value" "-b" "${base[@]}" -b
     expect_error "-e without a value" "-e" "${base[@]}" -e
     expect_error "-o without a value" "-o" "${base[@]}" -o
@@ -332,6 +334,7 @@ for prec in fp32 bf16; do
     expect_error "-z wrong magic" "$tmp/tok_magic.bin" "${base[@]}" -z "$tmp/tok_magic.bin"
     expect_error "-z wrong version" "$tmp/tok_version.bin" "${base[@]}" -z "$tmp/tok_version.bin"
     expect_error "-z eot token >= vocab size" "$tmp/tok_eot.bin" "${base[@]}" -z "$tmp/tok_eot.bin"
+    expect_error "-z vocab size 2^31-1 in the header" "$tmp/tok_huge.bin" "${base[@]}" -z "$tmp/tok_huge.bin"
     expect_error "-z 1000 tokens, the model 1237" "$tmp/tok_1000.bin" "${base[@]}" -z "$tmp/tok_1000.bin"
     expect_error "-z a token file" "$tmp/train.bin" "${base[@]}" -z "$tmp/train.bin"
 
