@@ -5,14 +5,19 @@
                                            data/mirror/gpt2/, sha256-checked); never downloads
   write_tokenizer(enc, path)               llm.c's tokenizer file (magic 20240328, version 2)
   token_file_header(count)                 llm.c's token-file header (magic 20240520, version 1)
-  atomic_write(path, chunks)               temp file in the same folder, fsync, rename
+  atomic_write(path, chunks)               temp file in the same folder, fsync, rename, fsync the folder
+  regular_file(path)                       exists as a regular file? (a FIFO or a device is an error)
+  Parser, exit_on_signals()                the scripts' one-line argument errors; SIGTERM/SIGHUP clean up
 
 Not a program: imported by data/prepare_tinyshakespeare.py, data/prepare_text.py and gpt_reference.py.
 """
 
+import argparse
 import hashlib
 import json
 import os
+import signal
+import stat
 import tempfile
 
 import numpy as np
@@ -42,6 +47,41 @@ class PrepError(Exception):
     """A bad input: the scripts print it as one `error: ...` line and exit 1."""
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit code 1 (argparse's own is usage + exit 2)
+        raise PrepError(f"{message} (-h for usage)")
+
+
+def exit_on_signals():
+    """SIGTERM and SIGHUP end the program through SystemExit, so that `finally` blocks remove its
+    temporary files (by default these signals end it on the spot)."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def regular_file(path):
+    """True if `path` (links followed) is a regular file, False if nothing is there. Anything else is
+    a PrepError: opening a FIFO blocks, and reading a device may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise PrepError(f"'{path}' is not a regular file")
+    return True
+
+
+def fsync_folder(folder):
+    """A rename or a removal is an entry of the folder: syncing the folder puts it on disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path, chunks):
     """Temp file in the same folder, fsync, rename: a reader never sees a half-written file."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -55,6 +95,7 @@ def atomic_write(path, chunks):
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; outputs are ordinary shared files
         os.replace(tmp, path)
+        fsync_folder(folder)  # the new name on disk before anything relies on it
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -106,6 +147,8 @@ def local_encoding():
     for name, (_, want) in BPE_FILES.items():
         path = os.path.join(mirror, name)
         try:
+            if not regular_file(path):
+                raise FileNotFoundError(path)
             with open(path, "rb") as f:
                 data = f.read()
         except OSError:
@@ -131,6 +174,8 @@ def token_file_header(count):
 def token_file_ok(path):
     """Header magic/version right and the token count matches the file size."""
     try:
+        if not regular_file(path):
+            return False
         with open(path, "rb") as f:
             h = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
         size = os.path.getsize(path)
@@ -142,6 +187,8 @@ def token_file_ok(path):
 
 def tokenizer_file_ok(path):
     try:
+        if not regular_file(path):
+            return False
         with open(path, "rb") as f:
             data = f.read()
     except OSError:

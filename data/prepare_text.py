@@ -26,18 +26,21 @@ least 1 (0 = no validation file). The rest is training data, in shards of --shar
 Outputs (llm.c's naming, so a glob like DIR/NAME_train_*.bin takes every shard):
   DIR/NAME_val_000000.bin, DIR/NAME_train_000001.bin, DIR/NAME_train_000002.bin, ...
       256 x int32 header (magic 20240520, version 1, token count), then the tokens as uint16.
-      DIR defaults to data/NAME, NAME to the first input's name without its extension. Training
-      shards of an earlier run beyond this run's count are deleted, so the glob sees this run only.
+      DIR defaults to data/NAME, NAME to the first input's name without its extension. An earlier
+      run's files are replaced as a set (its shards beyond this run's count deleted), so the glob
+      sees one run only; if the run is stopped while replacing them, NAME_train_000001.bin is a
+      placeholder that train_gpt rejects (not a token file): run the script again.
   data/gpt2_tokenizer.bin (--tokenizer-out), if missing: the tokenizer file train_gpt prints with.
 Streams: text is read in blocks and encoded in pieces cut where GPT-2's pre-tokenizer cuts anyway
 (the tokens equal those of the whole text at once); the token stream goes to a temporary file in
-DIR (2 bytes a token), then into the shards, each written atomically. Memory stays small for any
-input size.
+DIR (2 bytes a token), then into the new files, under temporary names until all are written. Memory
+stays small for any input size. Temporary files of an earlier run that was killed are removed.
 """
 
 import argparse
 import fnmatch
 import os
+import re
 import sys
 import tempfile
 import time
@@ -47,8 +50,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bpe import (EOT, PrepError, atomic_write, local_encoding, token_file_header,  # noqa: E402
-                      tokenizer_file_ok, write_tokenizer)
+from gpt2_bpe import (EOT, Parser, PrepError, atomic_write, exit_on_signals, fsync_folder,  # noqa: E402
+                      local_encoding, regular_file, token_file_header, tokenizer_file_ok, write_tokenizer)
 
 READ_BYTES = 1 << 22        # bytes read from a file at a time
 PIECE_CHARS = 1 << 20       # a document longer than this is encoded in pieces of about this size
@@ -59,7 +62,7 @@ MAX_FILE_TOKENS = 2**31 - 1  # the int32 token count of the header
 
 def input_files(inputs, pattern):
     """Files in argument order; a folder contributes its files named like `pattern`, recursively,
-    sorted by path. The same file twice counts once."""
+    sorted by path. The same file twice counts once. Each must be a regular file (links followed)."""
     files, seen = [], set()
     for path in inputs:
         if os.path.isdir(path):
@@ -70,11 +73,11 @@ def input_files(inputs, pattern):
             if not found:
                 raise PrepError(f"folder '{path}' holds no file named like '{pattern}' (see --glob)")
             chosen = sorted(found)
-        elif os.path.isfile(path):
-            chosen = [path]
         else:
-            raise PrepError(f"input '{path}' not found")
+            chosen = [path]
         for f in chosen:
+            if not regular_file(f):
+                raise PrepError(f"input '{f}' not found")
             if os.path.realpath(f) not in seen:
                 seen.add(os.path.realpath(f))
                 files.append(f)
@@ -216,14 +219,53 @@ def shard_path(out_dir, name, split, index):
     return os.path.join(out_dir, f"{name}_{split}_{index:06d}.bin")
 
 
+def staged_path(path):
+    """Where a new output waits, complete, until all are written: hidden, and not named *.bin."""
+    folder, base = os.path.split(path)
+    return os.path.join(folder, f".{base}.new")
+
+
+def leftovers(out_dir, name):
+    """Temporary files of earlier runs on NAME in out_dir that were killed (SIGKILL, power loss): the
+    token stream, staged outputs, atomic_write's temp files."""
+    n = re.escape(name)
+    mine = re.compile(rf"\.{n}\.tokens\.tmp\.\w+|\.{n}_(train|val)_\d{{6}}\.bin\.new(\.tmp\.\w+)?"
+                      rf"|{n}_(train|val)_\d{{6}}\.bin\.tmp\.\w+")
+    return [os.path.join(out_dir, f) for f in sorted(os.listdir(out_dir)) if mine.fullmatch(f)]
+
+
 def write_token_file(path, stream, begin, end):
-    """Tokens [begin, end) of the token stream (a memmap) as an llm.c token file, atomically."""
+    """Tokens [begin, end) of the token stream (a memmap) as an llm.c token file, atomically, under
+    its staged name."""
     def chunks():
         yield token_file_header(end - begin)
         for at in range(begin, end, COPY_TOKENS):
             yield stream[at:min(end, at + COPY_TOKENS)].tobytes()
-    atomic_write(path, chunks())
+    atomic_write(staged_path(path), chunks())
     print(f"  {end - begin:,} tokens -> {path}")
+
+
+# Not a token file (shorter than the header), so train_gpt rejects a glob that takes it.
+PLACEHOLDER = b"incomplete: data/prepare_text.py was stopped while replacing these shards; run it again\n"
+
+
+def install(out_dir, name, paths, keep_val, train_shards):
+    """Moves the staged files onto `paths` and removes the earlier run's other files. Every step is
+    one rename or removal, and a kill may come between any two; the glob NAME_train_*.bin must never
+    then take a mix of two runs or part of one as valid. So shard 1's name first gets a placeholder
+    that train_gpt rejects, the old files go and the new come in, and shard 1 comes last: each
+    instant shows the old set, the new set, or the placeholder."""
+    first = shard_path(out_dir, name, "train", 1)
+    atomic_write(first, [PLACEHOLDER])
+    for path in stale_shards(out_dir, name, keep_val, train_shards):
+        os.remove(path)
+        print(f"  removed {path} (an earlier run's)")
+    for path in paths:
+        if path != first:
+            os.replace(staged_path(path), path)
+    fsync_folder(out_dir)  # the rest on disk before shard 1 makes the set whole
+    os.replace(staged_path(first), first)
+    fsync_folder(out_dir)
 
 
 def stale_shards(out_dir, name, keep_val, train_shards):
@@ -259,11 +301,6 @@ def fraction(text):
     return value
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 1 (argparse's own is usage + exit 2)
-        raise PrepError(f"{message} (-h for usage)")
-
-
 def main(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], epilog="Details: the top of data/prepare_text.py.")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files or folders")
@@ -297,6 +334,7 @@ def main(argv=None):
     if not name or os.sep in name or name in (".", ".."):
         raise PrepError(f"--name: '{name}' is not a file name")
     out_dir = args.out_dir or os.path.join(HERE, name)
+    write_tok = not tokenizer_file_ok(args.tokenizer_out)  # checked now: a FIFO there fails before any work
     total_bytes = sum(os.path.getsize(f) for f in files)
     how = (f"separated by {args.doc_separator!r}" if args.doc_separator is not None else
            {"file": "one per file", "blankline": "one per blank-line separated section",
@@ -306,7 +344,11 @@ def main(argv=None):
     enc = local_encoding()
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    for path in leftovers(out_dir, name):
+        os.remove(path)
+        print(f"  removed {path} (left by a killed run)")
     fd, stream_path = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.tokens.tmp.")
+    paths = []  # this run's outputs, staged until all are written
     try:
         stats = {"documents": 0, "chars": 0}
         total, started, reported = 0, time.time(), 0
@@ -339,24 +381,21 @@ def main(argv=None):
         shards = (total - val + args.shard_tokens - 1) // args.shard_tokens
         print("writing")
         if val:
-            write_token_file(shard_path(out_dir, name, "val", 0), stream, 0, val)
+            paths.append(shard_path(out_dir, name, "val", 0))
+            write_token_file(paths[-1], stream, 0, val)
         for i in range(shards):
             begin = val + i * args.shard_tokens
-            write_token_file(shard_path(out_dir, name, "train", i + 1), stream, begin,
-                             min(total, begin + args.shard_tokens))
+            paths.append(shard_path(out_dir, name, "train", i + 1))
+            write_token_file(paths[-1], stream, begin, min(total, begin + args.shard_tokens))
         del stream
-        for path in stale_shards(out_dir, name, val > 0, shards):
-            os.remove(path)
-            print(f"  removed {path} (an earlier run's)")
-    except BaseException:
-        if created and os.listdir(out_dir) == [os.path.basename(stream_path)]:
-            os.remove(stream_path)
-            os.rmdir(out_dir)  # a failed run leaves no empty folder behind
-        raise
+        install(out_dir, name, paths, val > 0, shards)
     finally:
-        if os.path.exists(stream_path):
-            os.remove(stream_path)
-    if not tokenizer_file_ok(args.tokenizer_out):
+        for path in [stream_path] + [staged_path(p) for p in paths]:
+            if os.path.exists(path):
+                os.remove(path)
+        if created and not os.listdir(out_dir):
+            os.rmdir(out_dir)  # a failed run leaves no empty folder behind
+    if write_tok:
         write_tokenizer(enc, args.tokenizer_out)
         print(f"  tokenizer -> {args.tokenizer_out}")
     print(f"done: {stats['documents']:,} documents, {total:,} tokens: val {val:,}, train {total - val:,} "
@@ -364,6 +403,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     try:
         main()
     except (PrepError, OSError) as e:

@@ -18,7 +18,6 @@ Outputs, in llm.c's formats so files are interchangeable with llm.c's:
 Every file is written atomically. A second run with valid outputs in place does nothing.
 """
 
-import argparse
 import os
 import sys
 import urllib.request
@@ -27,8 +26,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # gpt2_bpe beside this file, also when a test imports this script by path
-from gpt2_bpe import (BPE_FILES, EOT, VOCAB_SIZE, PrepError, atomic_write, gpt2_encoding,  # noqa: E402
-                      sha256, token_file_header, token_file_ok, tokenizer_file_ok, write_tokenizer)
+from gpt2_bpe import (BPE_FILES, EOT, VOCAB_SIZE, Parser, PrepError, atomic_write, exit_on_signals,  # noqa: E402
+                      gpt2_encoding, regular_file, sha256, token_file_header, token_file_ok, tokenizer_file_ok,
+                      write_tokenizer)
 from gpt2_bpe import gpt2_mergeable_ranks  # noqa: E402,F401  (test/test_data.py calls it from here)
 __all__ = ["gpt2_mergeable_ranks"]
 
@@ -49,7 +49,7 @@ def fetch_inputs():
     for name, (url, want) in INPUTS.items():
         if mirror:
             path = os.path.join(mirror, name)
-            if not os.path.isfile(path):
+            if not regular_file(path):
                 raise PrepError(f"GPT_MIRROR={mirror}: missing {name} (expected the mirror layout: "
                                 + ", ".join(INPUTS) + ")")
             print(f"  reading {path}")
@@ -95,7 +95,7 @@ def tokenize(enc, text):
 
 
 def main():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Tokenize Tiny Shakespeare with GPT-2's BPE into llm.c's .bin format, and write "
                     "the tokenizer. Inputs come from $GPT_MIRROR if set, else are downloaded into "
                     "data/mirror/.")
@@ -107,7 +107,8 @@ def main():
 
     val_path = os.path.join(args.out_dir, "tiny_shakespeare_val.bin")
     train_path = os.path.join(args.out_dir, "tiny_shakespeare_train.bin")
-    if token_file_ok(val_path) and token_file_ok(train_path) and tokenizer_file_ok(args.tokenizer_out):
+    tokenizer_ok = tokenizer_file_ok(args.tokenizer_out)  # first: a FIFO there is an error before any work
+    if token_file_ok(val_path) and token_file_ok(train_path) and tokenizer_ok:
         print(f"up to date: {val_path}, {train_path} and {args.tokenizer_out} exist and are valid; "
               f"nothing to do (delete them to rebuild)")
         return
@@ -133,6 +134,7 @@ def main():
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     try:
         main()
     except (PrepError, OSError, UnicodeDecodeError) as e:

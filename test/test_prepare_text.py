@@ -5,17 +5,24 @@ accents, CJK, emoji, CRLF line ends, a byte-order mark, a literal "<|endoftext|>
 document mode with tiny shards, and decodes the shards back with tiktoken's own GPT-2 loader (an
 encoding built independently of data/gpt2_bpe.py): every document must come back as EOT followed by
 exactly the tokens of its text. Then: streaming (tiny read blocks and pieces) gives the tokens of the
-whole text, Tiny Shakespeare's files are byte-identical to the recipe's, stale shards go, and bad
-inputs fail with one `error:` line and exit code 1. Ends with `N passed, N failed, N skipped`.
+whole text, Tiny Shakespeare's files are byte-identical to the recipe's, stale shards go, a kill at any
+step of replacing an earlier run's files leaves the old set, the new set or a file train_gpt rejects,
+temporary files go (SIGTERM now, a SIGKILL's at the next start), and bad inputs (FIFOs and devices
+too) fail quickly with one `error:` line and exit code 1. Ends with `N passed, N failed, N skipped`.
 """
 
+import glob
 import hashlib
 import importlib.util
 import io
 import os
+import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import redirect_stdout
 
 import numpy as np
@@ -41,9 +48,20 @@ TINY_SHAKESPEARE_SHA256 = {
 
 
 
-def run(args, mirror=MIRROR):
+def run(args, mirror=MIRROR, script=SCRIPT, timeout=None):
     env = dict(os.environ, GPT_MIRROR=mirror)
-    return subprocess.run([sys.executable, SCRIPT] + args, capture_output=True, text=True, env=env)
+    try:
+        return subprocess.run([sys.executable, script] + args, capture_output=True, text=True, env=env,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, -1, "", f"hung: killed after {timeout} s")
+
+
+def load_script(path):
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def one_line_error(r, must_mention=""):
@@ -199,9 +217,7 @@ def main():
     print("streaming")
     # In-process with tiny blocks: reads of 5 bytes cut characters of 2-4 bytes, pieces of 40
     # characters cut the text at safe places; the tokens must equal those of the whole text at once.
-    spec = importlib.util.spec_from_file_location("prepare_text", SCRIPT)
-    prep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prep)
+    prep = load_script(SCRIPT)
     with open(os.path.join(MIRROR, "tinyshakespeare.txt"), encoding="utf-8") as f:
         shakespeare = f.read()[:60000]
     long_text = shakespeare + "".join(file_texts) * 40 + "x" * 300 + " " + "y" * 300  # a long run without cuts
@@ -259,6 +275,141 @@ def main():
           r.returncode == 0 and val_path is None and left == ["tinyshakespeare_train_000001.bin",
                                                                "tinyshakespeare_train_000002.bin"], f"{left}")
 
+    print("a kill at any step while replacing an earlier run's files")
+    # In-process, with os.replace and os.remove (every step that changes what a glob sees) counted:
+    # at step k the run is killed as by SIGKILL: it stops, and nothing after, not even its cleanup,
+    # reaches the disk. What train_gpt's globs then take must be the old set, the new set, or include
+    # a file it rejects. A normal run after it must give the new set, and no temporary file.
+    prep = load_script(SCRIPT)
+    enc = prep.local_encoding()
+    prep.local_encoding = lambda: enc  # built once, not once per run
+
+    class Killed(BaseException):
+        pass
+
+    def prepare_killed_at(k, args):
+        """Runs prep.main(args), killed at its step k if it has that many; whether it was."""
+        real = {f: getattr(os, f) for f in ("replace", "remove", "rmdir")}
+        steps = [0]
+
+        def step(f):
+            def op(*a, **kw):
+                steps[0] += 1
+                if steps[0] > k:  # the kill; the cleanup's steps after it fail the same way
+                    raise Killed
+                return real[f](*a, **kw)
+            return op
+        for f in real:
+            setattr(os, f, step(f))
+        try:
+            with redirect_stdout(io.StringIO()):
+                prep.main(args)
+        except Killed:
+            pass
+        finally:
+            for f in real:
+                setattr(os, f, real[f])
+        return steps[0] > k
+
+    def glob_state(out, name):
+        """What train_gpt takes from NAME_train_*.bin and NAME_val_*.bin: "rejected" if a training file
+        is not a token file (or there is none), else each file's tokens."""
+        train = [read_token_file(p) for p in sorted(glob.glob(os.path.join(out, f"{name}_train_*.bin")))]
+        if not train or not all(ok for ok, _ in train):
+            return "rejected"
+        val = [read_token_file(p)[1].tolist() for p in sorted(glob.glob(os.path.join(out, f"{name}_val_*.bin")))]
+        return [t.tolist() for _, t in train], val
+
+    old_text = "".join(file_texts) * 3
+    new_text = ("A different corpus, shorter than the first one, about other things entirely. " * 12)
+    tok_out = os.path.join(tmp, "tok.bin")
+    for what, old_args, new_args in (
+            ("more shards to fewer", ["--val-tokens", "5", "--shard-tokens", "60"],
+             ["--val-tokens", "3", "--shard-tokens", "60"]),
+            ("fewer shards to more, no val", ["--val-tokens", "5", "--shard-tokens", "200"],
+             ["--val-tokens", "0", "--shard-tokens", "40"])):
+        base = os.path.join(tmp, "kill_" + what.split(",")[0].replace(" ", "_"))
+        old_in = write(os.path.join(base, "in", "old", "k.txt"), old_text)
+        new_in = write(os.path.join(base, "in", "new", "k.txt"), new_text)
+        sets = {}
+        for which, text_in, args in (("old", old_in, old_args), ("new", new_in, new_args)):
+            out = os.path.join(base, which)
+            prepare_killed_at(10**9, [text_in, "--out-dir", out, "--tokenizer-out", tok_out] + args)
+            sets[which] = glob_state(out, "k")
+        new_files = sorted(os.listdir(os.path.join(base, "new")))
+        new_run = [new_in, "--out-dir", os.path.join(base, "work"), "--tokenizer-out", tok_out] + new_args
+        seen, bad, rerun_bad, k = {"old": 0, "new": 0, "rejected": 0}, [], [], 0
+        while True:
+            work = os.path.join(base, "work")
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.copytree(os.path.join(base, "old"), work)
+            killed = prepare_killed_at(k, new_run)
+            got = glob_state(work, "k")
+            which = "rejected" if got == "rejected" else next((w for w in sets if got == sets[w]), None)
+            if which is None:
+                bad.append(k)
+            else:
+                seen[which] += 1
+            prepare_killed_at(10**9, new_run)
+            if glob_state(work, "k") != sets["new"] or sorted(os.listdir(work)) != new_files:
+                rerun_bad.append(k)
+            if not killed:
+                break
+            k += 1
+        check(f"{what}: a kill at each of {k} steps shows old, new or rejected", not bad and seen["rejected"] > 0,
+              f"{seen}" + (f", a mix after steps {bad}" if bad else ""))
+        check(f"{what}: a rerun after each gives the new set, no temp file", not rerun_bad,
+              f"wrong after steps {rerun_bad}" if rerun_bad else "")
+    placeholder = os.path.join(tmp, "placeholder.bin")
+    with open(placeholder, "wb") as f:
+        f.write(prep.PLACEHOLDER)
+    if not os.access(TOOL, os.X_OK):
+        skip("fileio.h's read_token_file rejects the placeholder", f"{TOOL} not built")
+    else:
+        r = subprocess.run([TOOL, "read-tokens", placeholder, "50257"], capture_output=True, text=True)
+        check("fileio.h's read_token_file rejects the placeholder", r.returncode != 0, r.stderr.strip()[:70])
+
+    print("temporary files")
+    out = os.path.join(tmp, "leftovers")
+    leftover = [".mix.tokens.tmp.ab_c12", ".mix_train_000002.bin.new", ".mix_val_000000.bin.new.tmp.x9y_z",
+                "mix_train_000001.bin.tmp.q1w2e3"]
+    others = [".other.tokens.tmp.ab_c12", "mixer_train_000001.bin.tmp.q1w2e3", ".mix_train_000002.bin.old", "notes.txt"]
+    for f in leftover + others:
+        write(os.path.join(out, f), "x")
+    r = run([os.path.join(corpus, "a.txt"), "--name", "mix", "--out-dir", out, "--tokenizer-out", tok_out])
+    left = set(os.listdir(out))
+    check("a killed run's temporary files go at the next start, others stay",
+          r.returncode == 0 and not left & set(leftover) and set(others) <= left,
+          f"{sorted(left & set(leftover))} left" if left & set(leftover) else r.stderr.strip()[-60:])
+    import gpt2_bpe  # beside the scripts (data/), on sys.path since they were loaded
+    synced, real_fsync = [], os.fsync
+    os.fsync = lambda fd: synced.append(stat.S_ISDIR(os.fstat(fd).st_mode)) or real_fsync(fd)
+    try:
+        gpt2_bpe.atomic_write(os.path.join(tmp, "atomic.bin"), [b"x"])
+    finally:
+        os.fsync = real_fsync
+    check("atomic_write syncs the file, then its folder (the rename)", synced == [False, True], f"{synced}")
+    big = write(os.path.join(tmp, "sig", "big.txt"), shakespeare * 400)  # encoding takes seconds
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        out = os.path.join(tmp, "sig", "out")
+        p = subprocess.Popen([sys.executable, SCRIPT, big, "--out-dir", out, "--tokenizer-out", tok_out],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, GPT_MIRROR=MIRROR))
+        deadline = time.time() + 60
+        while not glob.glob(os.path.join(out, ".big.tokens.tmp.*")) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        streaming = p.poll() is None
+        p.send_signal(sig)
+        try:
+            err = p.communicate(timeout=60)[1].strip()
+        except subprocess.TimeoutExpired:
+            p.kill()
+            err = "hung after the signal: killed"
+        check(f"{sig.name} while encoding: exits {128 + sig}, temp stream and new folder gone",
+              streaming and p.returncode == 128 + sig and not err and not os.path.exists(out),
+              err[-60:] if err else f"exit code {p.returncode}, folder {'left' if os.path.exists(out) else 'gone'}")
+        shutil.rmtree(out, ignore_errors=True)
+
     print("bad inputs: one `error:` line, exit code 1")
     bad = write(os.path.join(tmp, "bad", "latin1.txt"), data="first line\nzweite Zeile: Gr\xf6\xdfe\n".encode("latin-1"))
     empty = write(os.path.join(tmp, "bad", "empty.txt"), data=b"")
@@ -280,9 +431,28 @@ def main():
         ("unknown flag", [tiny, "--bogus"] + base, "--bogus"),
         ("no input", base, "INPUT"),
     ]
+    pipes = os.path.join(tmp, "pipes")
+    os.makedirs(pipes)
+    os.mkfifo(os.path.join(pipes, "pipe.txt"))
+    zero = os.path.join(tmp, "zero")
+    os.makedirs(zero)
+    os.symlink("/dev/zero", os.path.join(zero, "zero.txt"))
+    cases += [
+        ("a FIFO in an input folder", [pipes] + base, "pipe.txt' is not a regular file"),
+        ("a link to /dev/zero in an input folder", [zero] + base, "zero.txt' is not a regular file"),
+        ("a FIFO as an input", [os.path.join(pipes, "pipe.txt")] + base, "is not a regular file"),
+        ("--tokenizer-out a FIFO", [tiny, "--out-dir", no_out, "--tokenizer-out", os.path.join(pipes, "pipe.txt")],
+         "is not a regular file"),
+    ]
     for what, args, mention in cases:
-        ok, line = one_line_error(run(args), mention)
+        ok, line = one_line_error(run(args, timeout=30), mention)
         check(what, ok, line)
+    ts = os.path.join("data", "prepare_tinyshakespeare.py")
+    ok, line = one_line_error(run(["--bogus"], script=ts), "--bogus")
+    check("prepare_tinyshakespeare.py: unknown flag", ok, line)
+    ok, line = one_line_error(run(["--out-dir", no_out, "--tokenizer-out", os.path.join(pipes, "pipe.txt")],
+                                  script=ts, timeout=30), "is not a regular file")
+    check("prepare_tinyshakespeare.py: --tokenizer-out a FIFO", ok, line)
     ok, line = one_line_error(run([tiny] + base, mirror=os.path.join(tmp, "no_mirror")), "GPT_MIRROR")
     check("no GPT-2 BPE files: names GPT_MIRROR", ok, line)
     check("failed runs wrote nothing (no output folder)", not os.path.exists(no_out))
