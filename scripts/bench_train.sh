@@ -7,7 +7,7 @@
 # alike. A run's figure is its median step time after WARMUP steps (default 5); a side's figure is
 # the median of its runs' medians; tok/s = B*T / that. PyTorch (scripts/bench_torch_gpt.py: the
 # reference model, torch.compile, SDPA flash, bf16 autocast) runs once per MODEL:B after them.
-# Ends with one table: model, B, ours tok/s, llm.c tok/s, ours/llm.c, PyTorch tok/s.
+# Ends with one table: model, B, ours tok/s, llm.c tok/s, ours/llm.c, PyTorch tok/s, ours peak memory.
 # Then, at the first MODEL:B: a -pf 1 breakdown of ours (GPU time per kernel family; PROFILE=0: not)
 # and ours with -r 0 and -r 1 (every activation kept / GELU recomputed: memory; RECOMPUTE=0: not).
 #

@@ -9,9 +9,13 @@
 # the others end too (train_gpt's watchdog sees it within seconds); this script exits with the first
 # non-zero exit code.
 set -u
-if [[ $# -lt 2 || $1 == -h || $1 == --help ]]; then
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
-    [[ $# -lt 2 ]] && exit 1 || exit 0
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    sed -n '2,/^set -u/{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
+if [[ $# -lt 2 ]]; then
+    echo "error: expected NUM_GPUS and PROGRAM (-h for the usage)" >&2
+    exit 1
 fi
 n=$1
 shift

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# usage: [PYTHON=/path/to/python3] bash scripts/setup_python.sh   (make runs it once: build/python)
+#
 # Finds (or installs) a Python with PyTorch, numpy, tiktoken, safetensors and matplotlib, and prints
 # its path on stdout. Order: $PYTHON if set, python3 on PATH, Debian's /usr/bin/python3. Where none
 # has PyTorch and we are root on Debian, installs python3-torch, python3-numpy and python3-pip with
@@ -8,6 +10,8 @@
 # Debian's PyTorch was not built for ("Numpy is not available"); for any other Python it comes from
 # PyPI with numpy held at the installed version. Messages go to stderr.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
+[[ $# -eq 0 ]] || { echo "error: unexpected argument '$1' (-h for the usage)" >&2; exit 1; }
 
 has() { "$1" -c "import $2" >/dev/null 2>&1; }
 
