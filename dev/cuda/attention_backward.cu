@@ -231,9 +231,6 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
 }
 
 bool version_has_dtype(int version, bool bf16) { return bf16 || version <= 2; }
-// run_version's notes that say another version ran in this one's place (no path for this head size or
-// GPU): such a run checks that other version, so this one's check counts as skipped, not passed.
-bool fell_back(const char* note) { return note && strstr(note, ", ran v"); }
 bool version_stores_ds(int version) { return version >= 10; }
 
 // ---------------------------------------------------------------------------------------------

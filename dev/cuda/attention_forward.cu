@@ -46,7 +46,6 @@
 // multiply-adds per (query, key) pair, over the T^2 / 2 causal pairs). Every version is credited with
 // this count, so TFLOP/s compare times; version 2 does twice as much arithmetic.
 
-#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -150,10 +149,6 @@ const char* run_version(int version, T* out, float* lse, const T* qkv, const Att
 }
 
 bool version_has_dtype(int version, bool bf16) { return bf16 || version <= 2; }
-// run_version's notes that say another version ran in this one's place (no path for this head size or
-// GPU): such a run checks that other version, so this one's check counts as skipped, not passed.
-bool fell_back(const char* note) { return note && strstr(note, ", ran v"); }
-
 // ---------------------------------------------------------------------------------------------
 // Validation: one reference per shape, every version and dtype against it.
 

@@ -397,10 +397,6 @@ constexpr int kColsumGuard = 8;  // elements past next_dbias's C, poisoned: must
 // One (version, dtype, shape, alignment). With `determinism`, also runs the version twice more from
 // the same inputs and compares every output bit for bit. With `colsum` (versions 7, 8), passes
 // next_dbias and checks it too.
-// run_version's notes that say another version ran in this one's place (a shape it cannot hold): that
-// run checks the other version, which has its own check, so this one's counts as skipped, not passed.
-bool fell_back(const char* note) { return note && strstr(note, ", ran v"); }
-
 // 1: passed, 0: failed, -1: another version ran in this one's place (skipped).
 template <typename T> int check_one(int version, int N, int C, int shift, uint64_t seed, bool determinism, bool colsum) {
     const size_t NC = size_t(N) * C;

@@ -43,7 +43,6 @@
 
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
-#include <cstring>
 
 #include <string>
 
@@ -343,10 +342,6 @@ const Shape kCheckShapes[] = {{1, 768},  {7, 1},     {5, 33},    {64, 768},  {33
 
 // strided: out rows out_ld = C + 1 rounded up to 16 bytes apart (the header only); the elements
 // between rows must keep their poison (the LayerNorm writes only its C values).
-// run_version's notes that say another version ran in this one's place (a shape it cannot hold): that
-// run checks the other version, which has its own check, so this one's counts as skipped, not passed.
-bool fell_back(const char* note) { return note && strstr(note, ", ran v"); }
-
 // 1: passed, 0: failed, -1: another version ran in this one's place (skipped).
 template <typename T> int check_one(int version, bool residual, int N, int C, int shift, uint64_t seed, bool strided = false) {
     const size_t NC = size_t(N) * C;
