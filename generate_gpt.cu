@@ -52,7 +52,11 @@ int main(int argc, char** argv) {
         if ((f == "-e" || f == "-z") && !*v) fail("flag %s: expected a path, got an empty string", fl);
         if (f == "-e") o.model = v;
         else if (f == "-z") o.tokenizer_path = v;
-        else if (f == "-p") o.prompt = v;
+        else if (f == "-p") {
+            o.prompt = v;
+            if (const size_t at = utf8_invalid_at(o.prompt); at != std::string::npos)
+                fail("flag -p: the prompt is not valid UTF-8 (at byte %zu)", at);
+        }
         else if (f == "-g") o.tokens = (int)parse_int_flag(fl, v, 1, 1 << 20);
         else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);
         else if (f == "-k") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);

@@ -243,6 +243,28 @@ inline const std::string& tokenizer_decode(const Tokenizer& tok, int token) {
 // ---------------------------------------------------------------------------------------------
 // Encoding.
 
+// Where text stops being valid UTF-8 (std::string::npos: nowhere). Strict: no overlong forms, no
+// surrogates, nothing past U+10FFFF. Prompts must be valid: GPT-2's encoder (and gpt_reference.py's)
+// reads text, and bytes that are not text have no one right encoding.
+inline size_t utf8_invalid_at(const std::string& text) {
+    const unsigned char* s = reinterpret_cast<const unsigned char*>(text.data());
+    const size_t n = text.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned c = s[i];
+        const int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        if (len == 0 || i + len > n) return i;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+        for (int k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        const uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < smallest[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
+        i += len;
+    }
+    return std::string::npos;
+}
+
 // The code points of UTF-8 text with the byte offset where each starts (offsets[n] = text size). A
 // byte that does not start valid UTF-8 stands for itself (as U+FFFD would: neither letter nor number).
 inline void utf8_code_points(const std::string& text, std::vector<uint32_t>& cps, std::vector<size_t>& offsets) {

@@ -1621,7 +1621,11 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-m") o.val_batches = (int)parse_int_flag(fl, v, 1, 1 << 20), o.val_batches_given = true;
         else if (f == "-s") o.sample_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-g") o.gen_len = (int)parse_int_flag(fl, v, 1, 65536);
-        else if (f == "-p") o.prompt = v;
+        else if (f == "-p") {
+            o.prompt = v;
+            if (const size_t at = utf8_invalid_at(o.prompt); at != std::string::npos)
+                fail("flag -p: the prompt is not valid UTF-8 (at byte %zu)", at);
+        }
         else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);
         else if (f == "-k") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);
         else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);

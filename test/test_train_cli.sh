@@ -273,6 +273,10 @@ for prec in fp32 bf16; do
     expect_error "unknown flag -B (flags are case-sensitive)" "-B" "${base[@]}" -B 4
     expect_error "stray argument" "stray" "${base[@]}" stray
     expect_error "-x -h: a value, not a request for help" "flag -x:" "${base[@]}" -x -h
+    expect_error "-p not UTF-8 (0xff)" "flag -p:" "${base[@]}" -p $'\xff\xfe abc'
+    expect_error "-p not UTF-8 (a cut sequence)" "flag -p:" "${base[@]}" -p $'caf\xc3\xa9 \xe2\x82'
+    expect_error "-p not UTF-8 (a surrogate)" "flag -p:" "${base[@]}" -p $'a\xed\xa0\x80b'
+    expect_error "-p not UTF-8 (overlong)" "flag -p:" "${base[@]}" -p $'a\xc0\xafb'
     expect_error "-b without a value" "-b" "${base[@]}" -b
     expect_error "-e without a value" "-e" "${base[@]}" -e
     expect_error "-o without a value" "-o" "${base[@]}" -o
