@@ -33,6 +33,10 @@ DATA=${DATA:+$(abs_path "$DATA")}
 DATA=${DATA:-data/tinyshakespeare/tiny_shakespeare_train.bin}
 IFS=';' read -r -a flag_sets <<< "${FLAGS:-}"
 [[ ${#flag_sets[@]} -gt 0 ]] || flag_sets=("")
+for var in ROUNDS STEPS T B; do
+    [[ ${!var} =~ ^[1-9][0-9]{0,6}$ ]] || { echo "error: $var must be a positive integer, got '${!var}'" >&2; exit 1; }
+done
+[[ $WARMUP =~ ^[0-9]{1,7}$ ]] || { echo "error: WARMUP must be an integer >= 0, got '$WARMUP'" >&2; exit 1; }
 ((STEPS > WARMUP)) || { echo "error: STEPS ($STEPS) must exceed WARMUP ($WARMUP)" >&2; exit 1; }
 (($# * ${#flag_sets[@]} >= 2)) || { echo "error: one tree and one flag set: nothing to compare (give two trees or FLAGS=\"A;B\")" >&2; exit 1; }
 mkdir -p "$OUT"

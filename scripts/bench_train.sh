@@ -44,6 +44,10 @@ configs=("$@")
 for c in "${configs[@]}"; do
     [[ $c =~ ^d[0-9]+:[0-9]+$ ]] || { echo "error: '$c' is not MODEL:B (e.g. d12:64)" >&2; exit 1; }
 done
+for var in ROUNDS STEPS T; do
+    [[ ${!var} =~ ^[1-9][0-9]{0,6}$ ]] || { echo "error: $var must be a positive integer, got '${!var}'" >&2; exit 1; }
+done
+[[ $WARMUP =~ ^[0-9]{1,7}$ ]] || { echo "error: WARMUP must be an integer >= 0, got '$WARMUP'" >&2; exit 1; }
 ((STEPS > WARMUP)) || { echo "error: STEPS ($STEPS) must exceed WARMUP ($WARMUP)" >&2; exit 1; }
 [[ -z $LLMC || -x $LLMC ]] || { echo "error: LLMC=$LLMC is not an executable" >&2; exit 1; }
 mkdir -p "$OUT"

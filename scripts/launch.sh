@@ -19,7 +19,8 @@ if [[ $# -lt 2 ]]; then
 fi
 n=$1
 shift
-[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "error: NUM_GPUS must be a positive integer, got '$n'" >&2; exit 1; }
+# (more ranks than GPUs is allowed, so that the program itself can refuse it; a typo's 10^20 is not)
+[[ $n =~ ^[1-9][0-9]{0,3}$ && $n -le 1024 ]] || { echo "error: NUM_GPUS must be an integer from 1 to 1024, got '$n'" >&2; exit 1; }
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} MASTER_PORT=${MASTER_PORT:-29500} WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n
 pids=()
 for ((r = 0; r < n; r++)); do
