@@ -13,6 +13,7 @@ Not a program: imported by data/prepare_tinyshakespeare.py, data/prepare_text.py
 """
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -58,7 +59,8 @@ def exit_on_signals():
     def handler(signum, frame):
         raise SystemExit(128 + signum)
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's ignored SIGHUP stays ignored
+            signal.signal(sig, handler)
 
 
 def regular_file(path):
@@ -78,6 +80,9 @@ def fsync_folder(folder):
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # file systems that cannot sync a folder
+            raise
     finally:
         os.close(fd)
 

@@ -343,13 +343,14 @@ def main(argv=None):
 
     enc = local_encoding()
     created = not os.path.isdir(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    for path in leftovers(out_dir, name):
-        os.remove(path)
-        print(f"  removed {path} (left by a killed run)")
-    fd, stream_path = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.tokens.tmp.")
+    stream_path = None
     paths = []  # this run's outputs, staged until all are written
-    try:
+    try:  # everything from the folder's creation on, so that a failure or a signal cleans up after it
+        os.makedirs(out_dir, exist_ok=True)
+        for path in leftovers(out_dir, name):
+            os.remove(path)
+            print(f"  removed {path} (left by a killed run)")
+        fd, stream_path = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.tokens.tmp.")
         stats = {"documents": 0, "chars": 0}
         total, started, reported = 0, time.time(), 0
         with os.fdopen(fd, "wb") as f:
@@ -390,10 +391,10 @@ def main(argv=None):
         del stream
         install(out_dir, name, paths, val > 0, shards)
     finally:
-        for path in [stream_path] + [staged_path(p) for p in paths]:
+        for path in ([stream_path] if stream_path else []) + [staged_path(p) for p in paths]:
             if os.path.exists(path):
                 os.remove(path)
-        if created and not os.listdir(out_dir):
+        if created and os.path.isdir(out_dir) and not os.listdir(out_dir):
             os.rmdir(out_dir)  # a failed run leaves no empty folder behind
     if write_tok:
         write_tokenizer(enc, args.tokenizer_out)
