@@ -42,7 +42,8 @@ losses of steps 0..K-1 (loss before each update; step 0's is the loss above).
   header[0] = 20251102, [1] = 1, [2] = B, [3] = T, [4] = K, [5] = L, [6] = NH, [7] = C, [8] = maxT,
   [9] = V, [10] = Vp; header[16..21] hold fp32 bit patterns: lr, beta1, beta2, eps, weight decay,
   grad-norm clip. AdamW decays 2-D tensors only (wte, wpe and the four matrices per layer); the
-  gradient is clipped to global norm `clip` before each update (torch.nn.utils.clip_grad_norm_).
+  gradient is clipped to global norm `clip` before each update (torch.nn.utils.clip_grad_norm_);
+  clip 0 is off, as in adamw.cuh's clip_factor.
 
 Interchange formats (import / export):
   llm.c model file: 256 int32 header [0] = 20240326, [1] = 3 (fp32 parameters) or 5 (bf16), [2] = maxT,
@@ -56,6 +57,7 @@ import glob
 import json
 import math
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -86,11 +88,19 @@ def padded_vocab(V, multiple=128):
 
 
 class Config:
+    """A model's shape, within train_gpt.cu's config_error limits (so a file one side reads, the other
+    reads too, and an absurd size is an error rather than an allocator failure)."""
+
     def __init__(self, L, NH, C, maxT, V, Vp=None):
         self.L, self.NH, self.C, self.maxT, self.V = L, NH, C, maxT, V
         self.Vp = padded_vocab(V) if Vp is None else Vp
-        if min(L, NH, C, maxT, V) < 1 or C % NH or self.Vp < V:
-            raise Error(f"invalid model config {self}")
+        if (not 1 <= L <= 1024 or NH < 1 or not 1 <= C <= 65536 or not 1 <= maxT <= 65536 or not 1 <= V <= 1 << 20
+                or not V <= self.Vp <= (1 << 20) + 128 or C % NH):
+            raise Error(f"invalid model config {self} (limits: L 1..1024, C 1..65536 and a multiple of NH, "
+                        f"maxT 1..65536, V 1..2^20)")
+        largest = max(L * 4 * C * C, self.Vp * C, maxT * C)  # fcw/fcprojw, wte, wpe
+        if largest >= 1 << 31:
+            raise Error(f"model config {self}: a tensor of {largest} elements, the limit is 2^31")
 
     def __str__(self):
         return f"L={self.L} NH={self.NH} C={self.C} maxT={self.maxT} V={self.V} Vp={self.Vp}"
@@ -359,7 +369,34 @@ def write_checkpoint(model, path):
     write_checkpoint_params(model.cfg, model_params(model), path)
 
 
+def regular_file(path, what="file"):
+    """`path` must be a regular file (links followed): opening a FIFO blocks forever, and a device
+    may never end."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise Error(f"cannot read {what} '{path}': {e.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        raise Error(f"{what} '{path}' is not a regular file")
+
+
+def check_finite(path, cfg, params):
+    """As train_gpt's reader: a non-finite parameter is an error, not a model that prints garbage."""
+    at = 0
+    for name, _ in param_shapes(cfg):
+        flat = np.asarray(params[name]).reshape(-1)
+        for lo in range(0, flat.size, 1 << 24):  # in chunks: no mask the size of the model
+            bad = np.flatnonzero(~np.isfinite(flat[lo:lo + (1 << 24)]))
+            if bad.size:
+                i = lo + int(bad[0])
+                raise Error(f"'{path}' holds a non-finite parameter: {flat[i]} in {name} (its element {i}, "
+                            f"index {at + i} of all parameters)")
+        at += flat.size
+    return cfg, params
+
+
 def read_header(path, magic, version, what):
+    regular_file(path, what)
     try:
         with open(path, "rb") as f:
             header = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
@@ -402,18 +439,27 @@ def read_checkpoint_params(path):
         zeroed[8] = 0
         if np.uint32(zlib.crc32(data, zlib.crc32(zeroed.tobytes()))) != h.view(np.uint32)[8]:
             raise Error(f"checkpoint '{path}' fails its crc32 check (corrupt or partly written)")
-    return cfg, split_params(cfg, data)
+    return check_finite(path, cfg, split_params(cfg, data))
 
 
 def read_checkpoint(path, device="cpu"):
     return model_from_params(*read_checkpoint_params(path)).to(device)
 
 
+def token_count(path):
+    """The number of tokens of a token file whose size matches its header."""
+    n = int(read_header(path, TOKENS_MAGIC, TOKENS_VERSION, "token file")[2])
+    size = os.path.getsize(path)
+    if n < 1 or size != HEADER_INTS * 4 + 2 * n:
+        raise Error(f"token file '{path}': its header says {n} tokens, its size is {size} bytes (truncated?)")
+    return n
+
+
 def read_tokens(path, count, offset=0):
-    h = read_header(path, TOKENS_MAGIC, TOKENS_VERSION, "token file")
-    ntok = int(h[2])
+    ntok = token_count(path)
     if offset + count > ntok:
-        raise Error(f"token file '{path}' has {ntok} tokens; need {offset + count}")
+        raise Error(f"token file '{path}' has {ntok} tokens; {count} from offset {offset} would end at "
+                    f"{offset + count}")
     return np.fromfile(path, dtype=np.uint16, offset=HEADER_INTS * 4 + 2 * offset, count=count)
 
 
@@ -422,6 +468,7 @@ def read_tokens(path, count, offset=0):
 
 def read_llmc(path):
     """llm.c's model file (gpt2_write_to_checkpoint): version 3 holds fp32 parameters, 5 bf16."""
+    regular_file(path, "llm.c model file")
     with open(path, "rb") as f:
         h = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
         if h.size != HEADER_INTS or h[0] != LLMC_MAGIC:
@@ -437,7 +484,7 @@ def read_llmc(path):
         data = np.fromfile(f, dtype=np.float32 if width == 4 else np.uint16, count=n)
     if width == 2:  # bf16 is the top half of an fp32
         data = (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
-    return cfg, split_params(cfg, data)
+    return check_finite(path, cfg, split_params(cfg, data))
 
 
 def to_bf16_bits(a):
@@ -504,18 +551,24 @@ def read_hf(path):
     L = 1 + max(int(i) for i in layers) if layers else 0
     NH = C // 64 if C % 64 == 0 else 0  # every GPT-2 has heads of 64 channels
     config_path = os.path.join(os.path.dirname(path), "config.json")
-    if os.path.exists(config_path):
+    if os.path.lexists(config_path):
+        regular_file(config_path, "config")
         try:
             with open(config_path) as f:
                 hf = json.load(f)
-            L, NH, C, maxT, V = (int(hf[k]) for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            if not isinstance(hf, dict):
+                raise TypeError(f"a JSON {type(hf).__name__}, not an object")
+            L, NH, C, maxT, V = (json_int(hf, k) for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"))
+            eps = hf.get("layer_norm_epsilon", 1e-5)
+            if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+                raise TypeError(f"layer_norm_epsilon {eps!r} is not a number")
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as e:
             raise Error(f"cannot read '{config_path}' as a GPT-2 config ({one_line(e)})")
         if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
             raise Error(f"'{config_path}': activation_function {hf['activation_function']}; ours is "
                         f"the tanh GELU (gelu_new)")
-        if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
-            raise Error(f"'{config_path}': layer_norm_epsilon {hf['layer_norm_epsilon']}; ours is 1e-5")
+        if not abs(eps - 1e-5) <= 1e-12:  # written so that NaN fails too
+            raise Error(f"'{config_path}': layer_norm_epsilon {eps}; ours is 1e-5")
     if NH < 1:
         raise Error(f"'{path}': n_embd {C} is not a multiple of 64 and no config.json gives n_head")
     cfg = config_of(path, L, NH, C, maxT, V)
@@ -541,7 +594,17 @@ def read_hf(path):
     if sd:
         raise Error(f"'{path}': {len(sd)} tensors that GPT-2 does not have (first: {sorted(sd)[0]}; "
                     f"more layers than config.json's n_layer={L}?)")
-    return cfg, params
+    return check_finite(path, cfg, params)
+
+
+def json_int(hf, key):
+    """config.json's integer `key`; 12.0 passes, 12.5, true and "12" do not (no silent rounding)."""
+    value = hf[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{key} {value!r} is not an integer")
+    return value
 
 
 def hf_config(cfg, dtype):
@@ -588,6 +651,7 @@ def write_hf(cfg, params, folder, dtype):
 
 def is_safetensors(path):
     """8-byte little-endian header length, then a JSON header that fits the file."""
+    regular_file(path, "model file")
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
@@ -604,6 +668,7 @@ def read_model_params(source):
             if os.path.isfile(os.path.join(source, name)):
                 return read_hf(os.path.join(source, name))
         raise Error(f"folder '{source}' holds no model.safetensors or pytorch_model.bin")
+    regular_file(source, "model file")
     try:
         with open(source, "rb") as f:
             head = f.read(8)
@@ -706,7 +771,8 @@ def cmd_state(args):
         if step == 0:
             logits0, loss0 = logits.detach().float().cpu().numpy(), loss.item()
             grads = [flatten([t.grad for t in ts]) for _, ts in checkpoint_tensors(model)]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        if args.clip > 0:  # 0 is off, as adamw.cuh's clip_factor (clip_grad_norm_ would zero the gradient)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         losses.append(loss.item())
         print(f"step {step}: loss {losses[-1]:.6f}")
@@ -773,6 +839,10 @@ def cmd_generate(args):
     if cfg.V != 50257:
         raise Error(f"'{args.checkpoint}' has V={cfg.V}; generate needs GPT-2's vocabulary (V=50257)")
     enc = gpt2_tokenizer()
+    try:  # argv's bytes that are not UTF-8 arrive as surrogates: refused, as generate_gpt refuses them
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Error(f"--prompt: the prompt is not valid UTF-8 (at character {e.start})")
     context = [EOT] + enc.encode_ordinary(args.prompt)
     rng, new = Rng(args.seed), []
     start = time.time()
@@ -824,10 +894,7 @@ def read_token_files(pattern, V, flag):
         raise Error(f"{flag} '{pattern}': no such file")
     parts = []
     for path in paths:
-        n = int(read_header(path, TOKENS_MAGIC, TOKENS_VERSION, "token file")[2])
-        size = os.path.getsize(path)
-        if n < 1 or size != HEADER_INTS * 4 + 2 * n:
-            raise Error(f"token file '{path}': its header says {n} tokens, its size is {size} bytes (truncated?)")
+        n = token_count(path)
         tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_INTS * 4, shape=(n,))
         top = max(int(tokens[i:i + (1 << 24)].max()) for i in range(0, n, 1 << 24))
         if top >= V:
@@ -911,6 +978,8 @@ def validation_beside(train):
 
 
 def cmd_train(a):
+    if a.i is not None and not glob.glob(a.i):  # -i first, as train_gpt, before the -j it implies
+        raise Error(f"-i {a.i}: no file matches")
     if a.v > 0 and a.j is None and a.i is not None:  # as train_gpt: the validation data beside -i's
         a.j = validation_beside(a.i)
         found = [a.j] if a.j and os.path.isfile(a.j) else sorted(glob.glob(a.j)) if a.j else []
@@ -919,6 +988,12 @@ def cmd_train(a):
             raise Error(f"-i {a.i}: no validation data beside it{looked}: give -j, or -v 0 to train without validation")
     a.i = a.i or "data/tinyshakespeare/tiny_shakespeare_train.bin"
     a.j = a.j or "data/tinyshakespeare/tiny_shakespeare_val.bin"
+    if a.o:  # before any work; the open below ("x") still refuses one that appears meanwhile
+        if os.path.exists(a.o) and not os.path.isdir(a.o):
+            raise Error(f"-o {a.o}: not a folder")
+        if os.path.lexists(os.path.join(a.o, "metrics.csv")):
+            raise Error(f"-o {a.o}: '{os.path.join(a.o, 'metrics.csv')}' already exists (another run's): remove it "
+                        f"or give another -o")
     device = pick_device(a.device)
     if a.e in GPT2_DESCRIPTORS:
         cfg = parse_model(a.e)
@@ -957,8 +1032,13 @@ def cmd_train(a):
     metrics = None
     if a.o:
         os.makedirs(a.o, exist_ok=True)
-        metrics = open(os.path.join(a.o, "metrics.csv"), "w")
+        path = os.path.join(a.o, "metrics.csv")
+        try:  # "x": another run's rows are never overwritten (and a FIFO there is never opened)
+            metrics = open(path, "x")
+        except FileExistsError:
+            raise Error(f"-o {a.o}: '{path}' already exists (another run's): remove it or give another -o")
         metrics.write("step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n")
+        metrics.flush()
     last_val, train_loss, bad_steps = float("nan"), float("nan"), 0
 
     def validate(step):
@@ -975,50 +1055,53 @@ def cmd_train(a):
             metrics.write(f"{step},,{last_val:.6f},,,,\n")
             metrics.flush()
 
-    start = time.time()
-    for step in range(a.x):
-        if a.v > 0 and step % a.v == 0:
-            validate(step)
-        t0 = time.time()
-        for p, _, _, _ in params:
-            p.grad = None
-        loss_sum = 0.0  # the micro-batches' mean losses, each rounded to float, summed in double
-        for _ in range(accum):
-            x, y = train.next()
-            _, loss = model(x.to(device), y.to(device))
-            (loss / accum).backward()  # the gradient of the step's mean loss
-            loss_sum += float(np.float32(loss.item()))
-        norm_squared = np.float32(sum(float((p.grad.double() ** 2).sum()) for p, _, _, _ in params))
-        lr = learning_rate(a, step)
-        if math.isfinite(loss_sum) and math.isfinite(norm_squared):
-            adamw_update(params, lr, step + 1, a.c, clip_factor(norm_squared, a.gc))
-            bad_steps = 0
-        else:  # as train_gpt: no update at all, and three in a row stop the run
-            bad_steps += 1
-            print(f"warning: step {step + 1}: non-finite {'grad norm' if math.isfinite(loss_sum) else 'loss'}, "
-                  f"update skipped", file=sys.stderr)
-            if bad_steps >= 3:
-                raise Error(f"stopping at step {step + 1}: {bad_steps} steps in a row had a non-finite loss "
-                            f"or gradient norm")
-        if device == "cuda":
-            torch.cuda.synchronize()
-        ms = (time.time() - t0) * 1e3
-        train_loss, norm = np.float32(loss_sum / accum), np.sqrt(norm_squared)
-        print(f"step {step + 1:5d}/{a.x} | loss {train_loss:.6f} | norm {norm:.4f} | lr {lr:.2e} | "
-              f"{ms:.1f} ms | {total_batch / (ms * 1e-3):.0f} tok/s")
+    try:
+        start = time.time()
+        for step in range(a.x):
+            if a.v > 0 and step % a.v == 0:
+                validate(step)
+            t0 = time.time()
+            for p, _, _, _ in params:
+                p.grad = None
+            loss_sum = 0.0  # the micro-batches' mean losses, each rounded to float, summed in double
+            for _ in range(accum):
+                x, y = train.next()
+                _, loss = model(x.to(device), y.to(device))
+                (loss / accum).backward()  # the gradient of the step's mean loss
+                loss_sum += float(np.float32(loss.item()))
+            norm_squared = np.float32(sum(float((p.grad.double() ** 2).sum()) for p, _, _, _ in params))
+            lr = learning_rate(a, step)
+            if math.isfinite(loss_sum) and math.isfinite(norm_squared):
+                adamw_update(params, lr, step + 1, a.c, clip_factor(norm_squared, a.gc))
+                bad_steps = 0
+            else:  # as train_gpt: no update at all, and three in a row stop the run
+                bad_steps += 1
+                print(f"warning: step {step + 1}: non-finite {'grad norm' if math.isfinite(loss_sum) else 'loss'}, "
+                      f"update skipped", file=sys.stderr)
+                if bad_steps >= 3:
+                    raise Error(f"stopping at step {step + 1}: {bad_steps} steps in a row had a non-finite loss "
+                                f"or gradient norm")
+            if device == "cuda":
+                torch.cuda.synchronize()
+            ms = (time.time() - t0) * 1e3
+            train_loss, norm = np.float32(loss_sum / accum), np.sqrt(norm_squared)
+            print(f"step {step + 1:5d}/{a.x} | loss {train_loss:.6f} | norm {norm:.4f} | lr {lr:.2e} | "
+                  f"{ms:.1f} ms | {total_batch / (ms * 1e-3):.0f} tok/s")
+            if metrics:
+                tok_s = total_batch / (ms * 1e-3)
+                metrics.write(f"{step + 1},{train_loss:.6f},,{lr:.6e},{norm:.6f},{ms:.3f},{tok_s:.1f}\n")
+                metrics.flush()
+        if a.v > 0:
+            validate(a.x)
+        if a.o:
+            path = os.path.join(a.o, f"model_{a.x:08d}.bin")
+            write_checkpoint(model, path)
+            print(f"checkpoint: wrote {path}")
+        print(f"done: {a.x} steps in {time.time() - start:.1f} s | final train loss {train_loss:.6f} | "
+              f"val loss {last_val:.6f}")
+    finally:  # a stopped run keeps the rows it wrote, as train_gpt's metrics.csv does
         if metrics:
-            tok_s = total_batch / (ms * 1e-3)
-            metrics.write(f"{step + 1},{train_loss:.6f},,{lr:.6e},{norm:.6f},{ms:.3f},{tok_s:.1f}\n")
-            metrics.flush()
-    if a.v > 0:
-        validate(a.x)
-    if a.o:
-        metrics.close()
-        path = os.path.join(a.o, f"model_{a.x:08d}.bin")
-        write_checkpoint(model, path)
-        print(f"checkpoint: wrote {path}")
-    print(f"done: {a.x} steps in {time.time() - start:.1f} s | final train loss {train_loss:.6f} | "
-          f"val loss {last_val:.6f}")
+            metrics.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1028,16 +1111,20 @@ class Parser(argparse.ArgumentParser):
         raise Error(f"{message} (-h for usage)")
 
 
-def ranged(kind, lo, hi):
+def ranged(kind, lo, hi, below_hi=False):
+    """An argparse type: `kind` in [lo, hi], or [lo, hi) with below_hi."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got '{text}'")
-        if not (lo <= value <= hi):  # also rejects nan
-            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}], got {text}")
+        if not (lo <= value <= hi) or (below_hi and value == hi):  # also rejects nan
+            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}{')' if below_hi else ']'}, got {text}")
         return value
     return parse
+
+
+SEED = ranged(int, 0, 2**64 - 1)  # what torch.manual_seed and splitmix64 take
 
 
 def main(argv=None):
@@ -1047,7 +1134,7 @@ def main(argv=None):
 
     init = sub.add_parser("init", help="write a checkpoint (random init or local GPT-2 weights)")
     init.add_argument("--model", default="d12", help="d6|d12|d24|d36|d48 or L=..,NH=..,C=..,V=..,maxT=.. (default d12)")
-    init.add_argument("--seed", type=int, default=1337, help="init seed (default 1337)")
+    init.add_argument("--seed", type=SEED, default=1337, help="init seed (default 1337)")
     init.add_argument("--from-hf", metavar="SOURCE", help="same as `import SOURCE` (any file import reads)")
     init.add_argument("--out", required=True, help="checkpoint to write")
 
@@ -1056,22 +1143,27 @@ def main(argv=None):
             q.add_argument("--checkpoint", required=True, nargs="+", help="checkpoints to score, each on the same batch")
         else:
             q.add_argument("--checkpoint", required=True, help="checkpoint to load")
-        q.add_argument("--batch", "-B", type=int, default=4, help="batch size B (default 4)")
-        q.add_argument("--seq", "-T", type=int, default=64, help="sequence length T (default 64)")
-        q.add_argument("--seed", type=int, default=42, help="seed of the random batch (default 42)")
+        # B and T as train_gpt's -b and -t (T is also at most the model's maxT).
+        q.add_argument("--batch", "-B", type=ranged(int, 1, 4096), default=4, help="batch size B (default 4)")
+        q.add_argument("--seq", "-T", type=ranged(int, 1, 65536), default=64, help="sequence length T (default 64)")
+        q.add_argument("--seed", type=SEED, default=42, help="seed of the random batch (default 42)")
         q.add_argument("--tokens", metavar="FILE", help="take the batch from this token file instead")
-        q.add_argument("--offset", type=int, default=0, help="first token of the batch in --tokens (default 0)")
+        q.add_argument("--offset", type=ranged(int, 0, 1 << 62), default=0,
+                       help="first token of the batch in --tokens (default 0)")
         q.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
 
     state = sub.add_parser("state", help="write a reference-state file for test_gpt")
     batch_args(state)
-    state.add_argument("--steps", "-K", type=int, default=10, help="AdamW steps (default 10)")
-    state.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
-    state.add_argument("--beta1", type=float, default=0.9)
-    state.add_argument("--beta2", type=float, default=0.95)
-    state.add_argument("--eps", type=float, default=1e-8)
-    state.add_argument("--weight-decay", type=float, default=0.1, help="on 2-D tensors (default 0.1)")
-    state.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (default 1.0)")
+    state.add_argument("--steps", "-K", type=ranged(int, 1, 1 << 20), default=10, help="AdamW steps (default 10)")
+    state.add_argument("--lr", type=ranged(float, 0.0, 10.0), default=1e-4, help="learning rate (default 1e-4)")
+    state.add_argument("--beta1", type=ranged(float, 0.0, 1.0, below_hi=True), default=0.9)
+    state.add_argument("--beta2", type=ranged(float, 0.0, 1.0, below_hi=True), default=0.95)
+    # eps > 0: with 0, a parameter whose gradient is 0 (wte's padding rows) becomes 0/0 = NaN.
+    state.add_argument("--eps", type=ranged(float, 1e-30, 1.0), default=1e-8)
+    state.add_argument("--weight-decay", type=ranged(float, 0.0, 10.0), default=0.1,
+                       help="on 2-D tensors (default 0.1)")
+    state.add_argument("--clip", type=ranged(float, 0.0, 1e6), default=1.0,
+                       help="global gradient-norm clip, 0 = off (default 1.0)")
     state.add_argument("--out", required=True, help="reference-state file to write")
 
     loss = sub.add_parser("loss", help="print checkpoints' losses on one batch, a line `loss X` each, in order")
@@ -1100,7 +1192,7 @@ def main(argv=None):
                      help="softmax temperature; 0 = greedy (default 1.0)")
     gen.add_argument("--top-k", type=ranged(int, 0, 1 << 30), default=0, metavar="K",
                      help="sample among the K most likely tokens; 0 = all (default 0)")
-    gen.add_argument("--seed", type=ranged(int, 0, 2**64 - 1), default=1337, metavar="S",
+    gen.add_argument("--seed", type=SEED, default=1337, metavar="S",
                      help="sampler seed (default 1337)")
     gen.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
 
@@ -1119,7 +1211,7 @@ def main(argv=None):
     tr.add_argument("-t", type=ranged(int, 1, 65536), default=1024, metavar="T", help="sequence length (default 1024)")
     tr.add_argument("-d", type=ranged(int, 1, 1 << 30), default=0, metavar="TOKENS",
                     help="total batch size in tokens, a multiple of B*T (default B*T)")
-    tr.add_argument("-x", type=ranged(int, 1, 1 << 30), default=100, metavar="STEPS",
+    tr.add_argument("-x", type=ranged(int, 1, 99999999), default=100, metavar="STEPS",
                     help="optimizer steps (default 100)")
     tr.add_argument("-l", type=ranged(float, 0.0, 10.0), default=6e-4, metavar="LR",
                     help="peak learning rate (default 6e-4)")
@@ -1138,17 +1230,20 @@ def main(argv=None):
                     help="shuffle the windows each epoch (default 1)")
     tr.add_argument("-s", type=ranged(int, 0, 1 << 30), default=0, metavar="N",
                     help="accepted for train_gpt's command lines; no samples are drawn")
-    tr.add_argument("-o", metavar="DIR", help="write DIR/metrics.csv and, at the end, DIR/model_<steps>.bin")
+    tr.add_argument("-o", metavar="DIR", help="write DIR/metrics.csv (not over an existing one) and, at the end, "
+                                              "DIR/model_<steps>.bin")
     tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
 
     args = p.parse_args(argv)
-    for name in ("batch", "seq", "steps"):
-        if getattr(args, name, 1) < 1:
-            raise Error(f"--{name} must be >= 1")
-    if getattr(args, "offset", 0) < 0:
-        raise Error("--offset must be >= 0")
-    {"init": cmd_init, "state": cmd_state, "loss": cmd_loss, "import": cmd_import, "export": cmd_export,
-     "generate": cmd_generate, "train": cmd_train}[args.command](args)
+    command = {"init": cmd_init, "state": cmd_state, "loss": cmd_loss, "import": cmd_import, "export": cmd_export,
+               "generate": cmd_generate, "train": cmd_train}[args.command]
+    try:
+        command(args)
+    except (MemoryError, RuntimeError) as e:
+        # A model or batch too large for this machine: PyTorch's allocators raise these (CPU and CUDA).
+        if not isinstance(e, MemoryError) and not any(s in str(e) for s in ("out of memory", "allocate")):
+            raise
+        raise Error(f"{args.command}: out of memory ({one_line(e)}): use a smaller model or batch")
 
 
 if __name__ == "__main__":
@@ -1157,3 +1252,6 @@ if __name__ == "__main__":
     except (Error, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: temporary files are removed on the way out, metrics.csv keeps its rows
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -14,6 +14,7 @@ legend names each run by its folder. The PNG is written atomically (temporary fi
 import argparse
 import math
 import os
+import stat
 import sys
 import tempfile
 
@@ -24,16 +25,27 @@ class Error(Exception):
     """A bad input: one `error: ...` line on stderr, exit code 1."""
 
 
+def regular_file(path, hint=""):
+    """`path` must be a regular file (links followed): opening a FIFO would block forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise Error(f"'{path}' not found{hint}")
+    except OSError as e:
+        raise Error(f"cannot read '{path}': {e.strerror}")
+    if not stat.S_ISREG(mode):
+        raise Error(f"'{path}' is not a regular file")
+
+
 def read_metrics(run_dir):
     """{column: [value or None per row]} of RUN_DIR/metrics.csv, every field checked."""
     if not os.path.isdir(run_dir):
         raise Error(f"run folder '{run_dir}' not found")
     path = os.path.join(run_dir, "metrics.csv")
+    regular_file(path, " (train_gpt writes it into its -o folder)")
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise Error(f"'{path}' not found (train_gpt writes it into its -o folder)")
     except (OSError, UnicodeDecodeError) as e:
         raise Error(f"cannot read '{path}': {e}")
     if not lines or [c.strip() for c in lines[0].split(",")] != COLUMNS:
@@ -137,3 +149,6 @@ if __name__ == "__main__":
     except (Error, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: the PNG's temporary file is removed on the way out
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)

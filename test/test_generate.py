@@ -5,7 +5,8 @@ its window past maxT). Checks: splitmix64 against its published values; greedy d
 argmax loop written here (with tiktoken's own GPT-2 loader for the prompt); top-k 1 == greedy;
 sampled tokens against a plain-Python transcription of the algorithm (temperature, top-k with ties,
 the walk over ids); one seed reproduces, two seeds differ; a model read from a Hugging Face folder
-or an llm.c file generates the same; bad arguments fail in one line. Ends with
+or an llm.c file generates the same; bad arguments and a model with a non-finite parameter (as
+generate_gpt refuses it) fail in one line. Ends with
 `N passed, N failed, N skipped`.
 """
 
@@ -164,6 +165,10 @@ def main():
     print("bad arguments: one `error:` line, exit code 1")
     odd = os.path.join(tmp, "odd.ckpt")
     ref_cli(["init", "--model", "L=1,NH=1,C=8,V=300,maxT=8", "--out", odd])
+    broken = {k: v.copy() for k, v in params.items()}
+    broken["lnfb"][5] = np.nan
+    ref.write_checkpoint_params(cfg, broken, os.path.join(tmp, "nan.ckpt"))
+    ref.write_llmc(cfg, broken, os.path.join(tmp, "nan.llmc"), "fp32")
     for what, args, mention in (
             ("--temperature -1", ["-e", ckpt, "--temperature", "-1"], "--temperature"),
             ("--temperature nan", ["-e", ckpt, "--temperature", "nan"], "--temperature"),
@@ -171,6 +176,8 @@ def main():
             ("-n 0", ["-e", ckpt, "-n", "0"], "--tokens"),
             ("--seed x", ["-e", ckpt, "--seed", "x"], "--seed"),
             ("a model without GPT-2's vocabulary", ["-e", odd], "V=300"),
+            ("a checkpoint holding NaN", ["-e", os.path.join(tmp, "nan.ckpt")], "non-finite parameter: nan in lnfb"),
+            ("an llm.c file holding NaN", ["-e", os.path.join(tmp, "nan.llmc")], "non-finite parameter: nan in lnfb"),
             ("a missing checkpoint", ["-e", os.path.join(tmp, "none.ckpt")], "none.ckpt"),
             ("no -e", [], "--checkpoint")):
         rc, _, err = ref_cli(["generate"] + args)

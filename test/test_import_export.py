@@ -3,12 +3,14 @@
 CPU only, a few seconds. Round trips compare whole checkpoint files byte for byte (header, crc32 and
 every parameter); the formats are also checked against layouts this test builds itself with numpy
 (Hugging Face's Conv1D (in, out) weights, llm.c's header and bf16 rounding), not only against our
-writer. Then broken, truncated and mismatched inputs must fail with one `error:` line, exit code 1.
+writer. Then broken, truncated and mismatched inputs (also a FIFO, config.json values of the wrong
+type, non-finite parameters) must fail with one `error:` line, exit code 1.
 Ends with `N passed, N failed, N skipped`.
 """
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import zlib
@@ -17,7 +19,7 @@ import numpy as np
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import check, finish, one_line_error, ref_cli, ref_process  # noqa: E402
+from checks import ROOT, check, finish, one_line_error, ref_cli, ref_process  # noqa: E402
 
 import torch  # noqa: E402
 import gpt_reference as ref  # noqa: E402
@@ -242,6 +244,36 @@ def main():
     d = variant("badjson", lambda sd: None)
     write(os.path.join(d, "config.json"), b"{not json")
     expect_error("config.json not JSON", ["import", d, "--out", p("x.ckpt")], "config.json")
+    for what, value, mention in (("layer_norm_epsilon a string", {"layer_norm_epsilon": "x"}, "layer_norm_epsilon"),
+                                 ("layer_norm_epsilon NaN", {"layer_norm_epsilon": float("nan")}, "layer_norm_epsilon"),
+                                 ("n_layer 2.5", {"n_layer": 2.5}, "n_layer"),
+                                 ("n_embd 1e30 (beyond train_gpt's limits)", {"n_embd": 1e30}, "invalid model config")):
+        name = "cfg_" + "".join(c for c in what if c.isalnum())
+        expect_error(f"config.json {what}", ["import", variant(name, lambda sd: None, value), "--out", p("x.ckpt")],
+                     mention)
+    d = variant("cfg_list", lambda sd: None)
+    write(os.path.join(d, "config.json"), b"[1, 2]")
+    expect_error("config.json a list, not an object", ["import", d, "--out", p("x.ckpt")], "config.json")
+    nan_bias = lambda sd: sd["transformer.h.1.mlp.c_fc.bias"].__setitem__(7, float("nan"))  # noqa: E731
+    expect_error("a NaN parameter (Hugging Face)", ["import", variant("nan", nan_bias), "--out", p("x.ckpt")],
+                 "non-finite parameter: nan in fcb")
+    cfg, params = ref.read_checkpoint_params(odd)
+    params = {k: v.copy() for k, v in params.items()}
+    params["wpe"][3, 4] = -np.inf
+    ref.write_llmc(cfg, params, p("broken", "inf.v3.bin"), "fp32")
+    expect_error("an -inf parameter (llm.c v3)", ["import", p("broken", "inf.v3.bin"), "--out", p("x.ckpt")],
+                 "non-finite parameter: -inf in wpe")
+    ref.write_checkpoint_params(cfg, params, p("broken", "inf.ckpt"))
+    expect_error("an -inf parameter (our checkpoint)", ["export", p("broken", "inf.ckpt"), "--out", p("y")],
+                 f"its element {3 * 39 + 4}, index {1280 * 39 + 3 * 39 + 4} of all")
+    os.mkfifo(p("broken", "fifo.bin"))
+    try:  # its own process: a reader that opened the FIFO would block this test
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "gpt_reference.py"), "import", p("broken", "fifo.bin"),
+                            "--out", p("x.ckpt")], capture_output=True, text=True, timeout=120)
+        ok, line = one_line_error(r.returncode, r.stderr, "not a regular file")
+    except subprocess.TimeoutExpired:
+        ok, line = False, "still running after 120 s"
+    check("import a FIFO: returns at once, one line", ok, line)
     expect_error("export of a truncated checkpoint", ["export", b("t.ckpt", read(odd)[:-8]), "--out", p("y")], "bytes")
     expect_error("export --format zip", ["export", odd, "--out", p("y"), "--format", "zip"], "--format")
     check("no failed run left a checkpoint behind", not os.path.exists(p("x.ckpt")))

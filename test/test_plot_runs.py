@@ -3,7 +3,8 @@
 CPU only, a few seconds. Two synthetic runs (one with validation rows, one resumed-looking with a gap)
 and gpt_reference.py train's own metrics.csv format: the output must be a PNG (signature, IHDR of the
 expected size), depend on the data, and be written without leaving a temporary file. Malformed files
-must fail with one `error:` line naming the file and line, exit code 1. Without matplotlib the
+must fail with one `error:` line naming the file and line, exit code 1; a metrics.csv that is a FIFO
+or a folder fails at once (opening a FIFO would block). Without matplotlib the
 drawing checks are skipped (the CSV checks run before any plotting). Ends with
 `N passed, N failed, N skipped`.
 """
@@ -23,8 +24,11 @@ SCRIPT = os.path.join(ROOT, "scripts", "plot_runs.py")
 HEADER = "step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s"
 
 
-def run(args):
-    r = subprocess.run([sys.executable, SCRIPT] + args, capture_output=True, text=True)
+def run(args, timeout=None):
+    try:
+        r = subprocess.run([sys.executable, SCRIPT] + args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "", f"still running after {timeout} s"
     return r.returncode, r.stdout, r.stderr
 
 
@@ -123,6 +127,13 @@ def main():
     rc, _, err = run([os.path.join(tmp, "empty_run"), "-o", os.path.join(tmp, "bad.png")])
     ok, line = one_line_error(rc, err, "metrics.csv")
     check("a folder without metrics.csv", ok, line)
+    for what, make in (("a FIFO", os.mkfifo), ("a folder", os.makedirs)):
+        folder = os.path.join(tmp, "odd", what.split()[-1])
+        os.makedirs(folder)
+        make(os.path.join(folder, "metrics.csv"))
+        rc, _, err = run([a, folder, "-o", os.path.join(tmp, "bad.png")], timeout=60)
+        ok, line = one_line_error(rc, err, "not a regular file")
+        check(f"metrics.csv {what}: returns at once, one line", ok, line)
     rc, _, err = run([a])
     ok, line = one_line_error(rc, err, "-o")
     check("no -o", ok, line)

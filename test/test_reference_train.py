@@ -7,20 +7,26 @@ epochs); every step's loss and gradient norm, every validation loss and the fina
 agree within 1e-5 relative. Also: a glob of shards equals the one concatenated file, metrics.csv and
 the checkpoint of -o, train_gpt's own random init (-e d12 and friends) against a scalar
 transcription, non-finite steps skipped and the third one fatal, and bad flags rejected in one line.
-Ends with `N passed, N failed, N skipped`.
+-o never writes over another run's metrics.csv, and Ctrl-C keeps the rows written (exit code 130).
+`state` and `loss` too: --clip 0 is off (as train's -gc 0), and bad inputs (a FIFO, a truncated
+token file, out-of-range flags, model configs beyond train_gpt's limits, non-finite parameters) give
+one `error:` line. Ends with `N passed, N failed, N skipped`.
 """
 
 import math
 import os
 import re
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import check, finish, one_line_error, ref_cli  # noqa: E402
+from checks import ROOT, check, finish, one_line_error, ref_cli  # noqa: E402
 
 import torch  # noqa: E402
 import gpt_reference as ref  # noqa: E402
@@ -112,6 +118,40 @@ def train_here(ckpt, tokens, val, a):
     if a["v"]:
         vals[a["x"]] = val_loss()
     return losses, norms, lrs, vals, ref.model_params(model)
+
+
+def process(args, timeout=120):
+    """gpt_reference.py ARGS as its own process, given `timeout` seconds (an input that blocks would
+    hang the test in-process): (exit code, stderr), exit code None if it did not return."""
+    try:
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "gpt_reference.py")] + args, capture_output=True,
+                           text=True, timeout=timeout)
+        return r.returncode, r.stderr
+    except subprocess.TimeoutExpired:
+        return None, f"still running after {timeout} s"
+
+
+def interrupted_run(args, csv, rows=4, timeout=120):
+    """Starts gpt_reference.py ARGS, sends SIGINT (Ctrl-C) once `csv` holds `rows` lines: (exit code,
+    stderr). SIGINT is set back to its default in the child: a shell's background job ignores it."""
+    child = subprocess.Popen([sys.executable, os.path.join(ROOT, "gpt_reference.py")] + args, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + timeout
+    while time.time() < deadline and child.poll() is None:
+        if os.path.exists(csv):
+            with open(csv) as f:
+                if f.read().count("\n") >= rows:
+                    break
+        time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, err = child.communicate()
+        return None, "did not stop on SIGINT"
+    return child.returncode, err
 
 
 def flags(a):
@@ -252,6 +292,95 @@ def main():
         check(what, ok, line)
     rc, out, _ = ref_cli(["train", "-h"])
     check("train -h: usage with train_gpt's flag letters", rc == 0 and all(f in out for f in ("-gc", "-sd", "-sh", "-o DIR")))
+
+    print("-o: metrics.csv of another run is kept; Ctrl-C keeps the rows written")
+    csv = os.path.join(p("out_0"), "metrics.csv")
+    before = open(csv).read() if os.path.exists(csv) else None
+    rc, _, err = ref_cli(base + ["-o", p("out_0")])
+    ok, line = one_line_error(rc, err, "metrics.csv")
+    check("-o DIR with a metrics.csv: one line, the file untouched",
+          ok and before is not None and open(csv).read() == before, line)
+    rc, _, err = ref_cli(base + ["-o", p("data", "all.bin")])
+    ok, line = one_line_error(rc, err, "not a folder")
+    check("-o a file: one line", ok, line)
+    csv = p("stopped", "metrics.csv")
+    rc, err = interrupted_run(["train", "-e", ckpt, "-i", p("data", "all.bin"), "-b", "4", "-t", "16",
+                               "-x", str(99999999), "-v", "0", "-o", p("stopped"), "--device", "cpu"], csv)
+    rows = open(csv).read().splitlines() if os.path.exists(csv) else []
+    check("SIGINT: exit code 130, one line `error: interrupted`", rc == 130 and err.strip() == "error: interrupted",
+          f"exit code {rc}: {err.strip()[-100:]}")
+    check("SIGINT: metrics.csv keeps its header and whole rows", len(rows) >= 4 and
+          rows[0].startswith("step,") and all(len(r.split(",")) == 7 for r in rows), f"{len(rows)} lines")
+
+    print("state and loss")
+    cfg, params = ref.read_checkpoint_params(ckpt)
+
+    def state(*extra):
+        rc, out, err = ref_cli(["state", "--checkpoint", ckpt, "-B", "2", "-T", "8", "-K", "4", "--device", "cpu"]
+                               + list(extra))
+        return rc, [ln for ln in out.splitlines() if ln.startswith("step ")], err
+
+    rc0, off, err = state("--clip", "0", "--out", p("clip0.state"))
+    rc1, huge, _ = state("--clip", "1e6", "--out", p("clip1e6.state"))
+    # A clip of 1e-30 scales the gradient to nothing (AdamW then barely moves): what clip 0 did when
+    # clip_grad_norm_ ran with it.
+    rc2, tiny, _ = state("--clip", "1e-30", "--out", p("clip_tiny.state"))
+    stored = np.fromfile(p("clip0.state"), np.float32, count=22)[21] if rc0 == 0 else None
+    check("--clip 0 is off: the losses of --clip 1e6 (no norm near it), not of a vanishing clip",
+          rc0 == rc1 == rc2 == 0 and len(off) == 4 and off == huge and off[1:] != tiny[1:] and stored == 0,
+          err.strip()[-80:] or f"header clip {stored}")
+    check("train -gc 0 is off alike (clip_factor 1 for any norm)",
+          ref.clip_factor(np.float32(1e6), 0.0) == 1 and ref.clip_factor(np.float32(1e6), 1.0) < 1)
+    os.mkfifo(p("fifo"))
+    rc, err = process(["loss", "--checkpoint", p("fifo")])
+    ok, line = one_line_error(rc, err, "not a regular file")
+    check("loss --checkpoint a FIFO: returns at once, one line", ok, line)
+    rc, err = process(["state", "--checkpoint", ckpt, "-T", "8", "--tokens", p("fifo"), "--out", p("x.state")])
+    ok, line = one_line_error(rc, err, "not a regular file")
+    check("state --tokens a FIFO: returns at once, one line", ok, line)
+    whole = open(p("data", "all.bin"), "rb").read()
+    with open(p("data", "cut.bin"), "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    token_file(p("data", "empty.bin"), [])
+    params["fcb"][1, 3] = np.inf
+    ref.write_checkpoint_params(cfg, params, p("inf.ckpt"))
+    loss = ["loss", "--checkpoint", ckpt, "-B", "2", "-T", "8", "--device", "cpu"]
+    state_args = ["state", "--checkpoint", ckpt, "-T", "8", "--out", p("bad.state"), "--device", "cpu"]
+    for what, args, mention in (
+            ("loss --tokens truncated", loss + ["--tokens", p("data", "cut.bin")], "truncated"),
+            ("state --tokens truncated", state_args + ["--tokens", p("data", "cut.bin")], "truncated"),
+            ("loss --tokens with 0 tokens", loss + ["--tokens", p("data", "empty.bin")], "0 tokens"),
+            ("loss --offset past the data", loss + ["--tokens", p("data", "all.bin"), "--offset", "2190"],
+             "offset 2190"),
+            ("loss --offset 2^80", loss + ["--tokens", p("data", "all.bin"), "--offset", str(2**80)], "--offset"),
+            ("loss -B 100000000", loss + ["-B", "100000000"], "--batch"),
+            ("loss -T 0", loss + ["-T", "0"], "--seq"),
+            ("loss -T above maxT", loss + ["-T", "17"], "maxT=16"),
+            ("loss --seed 2^70", loss + ["--seed", str(2**70)], "--seed"),
+            ("loss: a checkpoint holding inf", ["loss", "--checkpoint", p("inf.ckpt"), "-T", "8", "--device", "cpu"],
+             "fcb"),
+            ("state --clip -1", state_args + ["--clip", "-1"], "--clip"),
+            ("state --clip nan", state_args + ["--clip", "nan"], "--clip"),
+            ("state --lr -1", state_args + ["--lr", "-1"], "--lr"),
+            ("state --beta1 2", state_args + ["--beta1", "2"], "--beta1"),
+            ("state --beta2 1", state_args + ["--beta2", "1"], "--beta2"),
+            ("state --eps 0", state_args + ["--eps", "0"], "--eps"),
+            ("state --weight-decay -0.1", state_args + ["--weight-decay", "-0.1"], "--weight-decay"),
+            ("state --steps 0", state_args + ["--steps", "0"], "--steps"),
+            ("init --seed 1e23", ["init", "--seed", "1e23", "--out", p("bad.ckpt")], "--seed"),
+            ("init --seed 2^64", ["init", "--seed", str(2**64), "--out", p("bad.ckpt")], "--seed"),
+            ("init --model C=100000000", ["init", "--model", "L=1,NH=1,C=100000000,V=50257,maxT=64", "--out",
+                                          p("bad.ckpt")], "C=100000000"),
+            ("init --model L=2000", ["init", "--model", "L=2000,NH=1,C=8,V=50,maxT=8", "--out", p("bad.ckpt")],
+             "L=2000"),
+            ("init --model V=2^21", ["init", "--model", f"L=1,NH=1,C=8,V={2**21},maxT=8", "--out", p("bad.ckpt")],
+             "V="),
+            ("init --model with a tensor of 2^31 elements (fcw: 4 C^2)",
+             ["init", "--model", "L=1,NH=1,C=32768,V=50,maxT=8", "--out", p("bad.ckpt")], "2^31")):
+        rc, _, err = ref_cli(args)
+        ok, line = one_line_error(rc, err, mention)
+        check(what, ok and "Traceback" not in err, line)
+    check("no failed command wrote a file", not any(os.path.exists(p(f)) for f in ("bad.state", "bad.ckpt", "x.state")))
     holder.cleanup()
     finish()
 
