@@ -42,7 +42,6 @@ import fnmatch
 import os
 import re
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -350,7 +349,9 @@ def main(argv=None):
         for path in leftovers(out_dir, name):
             os.remove(path)
             print(f"  removed {path} (left by a killed run)")
-        fd, stream_path = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.tokens.tmp.")
+        # Named before it is made, so that a signal at any instant leaves a path the cleanup knows.
+        stream_path = os.path.join(out_dir, f".{name}.tokens.tmp.{os.getpid()}")
+        fd = os.open(stream_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         stats = {"documents": 0, "chars": 0}
         total, started, reported = 0, time.time(), 0
         with os.fdopen(fd, "wb") as f:
