@@ -54,8 +54,7 @@ int main(int argc, char** argv) {
         else if (f == "-z") o.tokenizer_path = v;
         else if (f == "-p") {
             o.prompt = v;
-            if (const size_t at = utf8_invalid_at(o.prompt); at != std::string::npos)
-                fail("flag -p: the prompt is not valid UTF-8 (at byte %zu)", at);
+            check_prompt_utf8(o.prompt);
         }
         else if (f == "-g") o.tokens = (int)parse_int_flag(fl, v, 1, 1 << 20);
         else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);

@@ -243,26 +243,40 @@ inline const std::string& tokenizer_decode(const Tokenizer& tok, int token) {
 // ---------------------------------------------------------------------------------------------
 // Encoding.
 
+// The UTF-8 sequence at s[i] (of n bytes): its length, and its code point in cp; 0 where the lead
+// byte or a continuation byte is wrong, or the text ends inside it. Overlong forms, surrogates and
+// values past U+10FFFF still decode: whether they count as valid is the caller's rule.
+inline int utf8_sequence(const unsigned char* s, size_t n, size_t i, uint32_t& cp) {
+    const unsigned c = s[i];
+    const int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + len > n) return 0;
+    cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+    for (int k = 1; k < len; k++) {
+        if ((s[i + k] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    return len;
+}
+
 // Where text stops being valid UTF-8 (std::string::npos: nowhere). Strict: no overlong forms, no
-// surrogates, nothing past U+10FFFF. Prompts must be valid: GPT-2's encoder (and gpt_reference.py's)
-// reads text, and bytes that are not text have no one right encoding.
+// surrogates, nothing past U+10FFFF.
 inline size_t utf8_invalid_at(const std::string& text) {
     const unsigned char* s = reinterpret_cast<const unsigned char*>(text.data());
-    const size_t n = text.size();
-    for (size_t i = 0; i < n;) {
-        const unsigned c = s[i];
-        const int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-        if (len == 0 || i + len > n) return i;
-        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        const uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < smallest[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
+    const uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};  // below it, a sequence of that length is overlong
+    for (size_t i = 0; i < text.size();) {
+        uint32_t cp = 0;
+        const int len = utf8_sequence(s, text.size(), i, cp);
+        if (len == 0 || cp < smallest[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
         i += len;
     }
     return std::string::npos;
+}
+
+// A prompt (-p) must be valid UTF-8: GPT-2's encoder (and gpt_reference.py's) reads text, and bytes
+// that are not text have no one right encoding.
+inline void check_prompt_utf8(const std::string& prompt) {
+    if (const size_t at = utf8_invalid_at(prompt); at != std::string::npos)
+        fail("flag -p: the prompt is not valid UTF-8 (at byte %zu)", at);
 }
 
 // The code points of UTF-8 text with the byte offset where each starts (offsets[n] = text size). A
@@ -272,12 +286,8 @@ inline void utf8_code_points(const std::string& text, std::vector<uint32_t>& cps
     const unsigned char* s = reinterpret_cast<const unsigned char*>(text.data());
     const size_t n = text.size();
     for (size_t i = 0; i < n;) {
-        const unsigned c = s[i];
-        int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-        for (int k = 1; k < len; k++)
-            if (i + k >= n || (s[i + k] & 0xC0) != 0x80) len = 0;
-            else cp = (cp << 6) | (s[i + k] & 0x3F);
+        uint32_t cp = 0;
+        int len = utf8_sequence(s, n, i, cp);
         if (len == 0) cp = 0xFFFD, len = 1;
         cps.push_back(cp), offsets.push_back(i);
         i += len;

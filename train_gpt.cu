@@ -1623,8 +1623,7 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-g") o.gen_len = (int)parse_int_flag(fl, v, 1, 65536);
         else if (f == "-p") {
             o.prompt = v;
-            if (const size_t at = utf8_invalid_at(o.prompt); at != std::string::npos)
-                fail("flag -p: the prompt is not valid UTF-8 (at byte %zu)", at);
+            check_prompt_utf8(o.prompt);
         }
         else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);
         else if (f == "-k") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);
