@@ -35,6 +35,20 @@ constexpr int TOKEN_FILE_VERSION = 1;
 constexpr int TOKENIZER_MAGIC = 20240328;
 constexpr size_t FILE_HEADER_BYTES = 256 * sizeof(int32_t);
 
+// llm.c's token file: this header, then `count` uint16 tokens.
+struct TokenFileHeader {
+    int32_t magic = TOKEN_FILE_MAGIC, version = TOKEN_FILE_VERSION;
+    int32_t count = 0;
+    int32_t unused[253] = {};
+};
+// llm.c's tokenizer file: this header, then each token as a length byte and its bytes.
+struct TokenizerHeader {
+    int32_t magic = TOKENIZER_MAGIC, version = 2;  // version 1 has no eot_token
+    int32_t vocab_size = 0, eot_token = 0;
+    int32_t unused[252] = {};
+};
+static_assert(sizeof(TokenFileHeader) == FILE_HEADER_BYTES && sizeof(TokenizerHeader) == FILE_HEADER_BYTES, "file headers");
+
 // ---------------------------------------------------------------------------------------------
 // CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the same value as zlib's crc32 and Python's
 // zlib.crc32. Pass the previous result as `crc` to checksum data in pieces.
@@ -64,6 +78,17 @@ inline uint32_t crc32(const void* data, size_t n, uint32_t crc = 0) {
 inline bool file_exists(const std::string& path) {
     struct stat st;
     return stat(path.c_str(), &st) == 0;
+}
+
+inline bool is_folder(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The folder part of a path: "a/b/c.bin" -> "a/b", "c.bin" -> ".".
+inline std::string dirname_of(const std::string& path) {
+    const size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
 // An open regular file, read with pread. Move-only; closes itself.
@@ -250,26 +275,26 @@ struct TokenStream {
                 *error = buf;
                 return false;
             }
-            int32_t header[256];
-            if (!s.file.read_at(0, header, FILE_HEADER_BYTES, error)) return false;
-            if (header[0] != TOKEN_FILE_MAGIC) {
+            TokenFileHeader header;
+            if (!s.file.read_at(0, &header, FILE_HEADER_BYTES, error)) return false;
+            if (header.magic != TOKEN_FILE_MAGIC) {
                 snprintf(buf, sizeof(buf), "token file %s: magic %d, expected %d (not a token file from data/)", name,
-                         header[0], TOKEN_FILE_MAGIC);
+                         header.magic, TOKEN_FILE_MAGIC);
                 *error = buf;
                 return false;
             }
-            if (header[1] != TOKEN_FILE_VERSION) {
-                snprintf(buf, sizeof(buf), "token file %s: version %d, expected %d (uint16 GPT-2 tokens)", name, header[1],
+            if (header.version != TOKEN_FILE_VERSION) {
+                snprintf(buf, sizeof(buf), "token file %s: version %d, expected %d (uint16 GPT-2 tokens)", name, header.version,
                          TOKEN_FILE_VERSION);
                 *error = buf;
                 return false;
             }
-            if (header[2] < 1) {
-                snprintf(buf, sizeof(buf), "token file %s: header says %d tokens, expected at least 1", name, header[2]);
+            if (header.count < 1) {
+                snprintf(buf, sizeof(buf), "token file %s: header says %d tokens, expected at least 1", name, header.count);
                 *error = buf;
                 return false;
             }
-            s.count = uint64_t(header[2]);
+            s.count = uint64_t(header.count);
             if (s.file.size != FILE_HEADER_BYTES + 2 * s.count) {
                 snprintf(buf, sizeof(buf), "token file %s: %llu bytes, expected %llu (header + %llu uint16 tokens); truncated or corrupt?",
                          name, (unsigned long long)s.file.size, (unsigned long long)(FILE_HEADER_BYTES + 2 * s.count),

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
         if (path.empty()) fail("-e %s: the folder holds no complete checkpoint (train with -o %s first)", o.model.c_str(), o.model.c_str());
     }
     HostModel host;
-    if (!read_checkpoint(path, host, &error)) fail("-e %s: %s", path.c_str(), error.c_str());
+    if (!read_model_file(path, host, &error)) fail("-e %s: %s", path.c_str(), error.c_str());
     Tokenizer tok = read_tokenizer(o.tokenizer_path);
     if (tok.vocab_size != host.config.V)
         fail("tokenizer '%s' has %d tokens, the model %d", o.tokenizer_path.c_str(), tok.vocab_size, host.config.V);
@@ -92,9 +92,10 @@ int main(int argc, char** argv) {
 
     if (!cuda_device_available()) fail("no CUDA device found (generate_gpt needs a GPU)");
     GPT m;
-    m.inference = true;
+    GPTSettings settings;
+    settings.flash = o.flash != 0, settings.inference = true;
     blas().tune = false;  // few shapes, one run each: tuning would cost more than it saves (same bits)
-    gpt_create(m, host, 1, host.config.maxT, o.flash != 0);
+    gpt_create(m, host, 1, host.config.maxT, settings);
     host.params = std::vector<float>();
     fprintf(stderr, "model %s: L=%d NH=%d C=%d, %s build | prompt %zu tokens | %d tokens, temperature %g, top-k %d, seed %ld\n",
             path.c_str(), m.config.L, m.config.NH, m.config.C, PRECISION_NAME, prompt.size(), o.tokens, o.temperature, o.top_k, o.seed);

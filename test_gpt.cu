@@ -21,7 +21,6 @@ constexpr double kTensorTol = 1e-4, kLossTol = 1e-5;
 #else
 constexpr double kTensorTol = 2e-2, kLossTol = 1e-2;
 #endif
-constexpr int REFERENCE_MAGIC = 20251102, REFERENCE_VERSION = 1;
 
 struct Reference {
     int B = 0, T = 0, K = 0;
@@ -38,19 +37,17 @@ static Reference read_reference(const std::string& path) {
     InputFile file;
     std::string error;
     if (!file.open_file(path, &error)) fail("%s", error.c_str());
-    int32_t h[HEADER_INTS];
+    ReferenceHeader h;
     if (file.size < sizeof(h)) fail("reference '%s' is truncated", path.c_str());
-    if (!file.read_at(0, h, sizeof(h), &error)) fail("%s", error.c_str());
-    if (h[0] != REFERENCE_MAGIC) fail("'%s' is not a reference-state file (bad magic %d)", path.c_str(), h[0]);
-    if (h[1] != REFERENCE_VERSION) fail("reference '%s' has version %d, expected %d", path.c_str(), h[1], REFERENCE_VERSION);
+    if (!file.read_at(0, &h, sizeof(h), &error)) fail("%s", error.c_str());
+    if (h.magic != kReferenceMagic) fail("'%s' is not a reference-state file (bad magic %d)", path.c_str(), h.magic);
+    if (h.version != kReferenceVersion) fail("reference '%s' has version %d, expected %d", path.c_str(), h.version, kReferenceVersion);
     Reference r;
-    r.B = h[2], r.T = h[3], r.K = h[4];
-    r.config = GPTConfig{h[5], h[6], h[7], h[8], h[9], h[10]};
+    r.B = h.B, r.T = h.T, r.K = h.K;
+    r.config = GPTConfig{h.L, h.NH, h.C, h.maxT, h.V, h.Vp};
     if (!config_error(r.config).empty() || r.B < 1 || r.T < 1 || r.T > r.config.maxT || r.K < 1)
         fail("reference '%s' has an invalid header", path.c_str());
-    float f[6];
-    memcpy(f, h + 16, sizeof(f));
-    r.lr = f[0], r.beta1 = f[1], r.beta2 = f[2], r.eps = f[3], r.weight_decay = f[4], r.clip = f[5];
+    r.lr = h.lr, r.beta1 = h.beta1, r.beta2 = h.beta2, r.eps = h.eps, r.weight_decay = h.weight_decay, r.clip = h.clip;
     const size_t BT = size_t(r.B) * r.T, np = num_parameters(r.config);
     const uint64_t expected = sizeof(h) + 2 * BT * 4 + BT * uint64_t(r.config.V) * 4 + 4 + np * 4 + size_t(r.K) * 4;
     if (file.size != expected)
@@ -262,7 +259,7 @@ int main(int argc, char** argv) {
 
     HostModel host;
     std::string error;
-    if (!read_checkpoint(checkpoint, host, &error)) fail("%s", error.c_str());
+    if (!read_model_file(checkpoint, host, &error)) fail("%s", error.c_str());
     const Reference ref = read_reference(reference);
     const GPTConfig& c = host.config;
     if (memcmp(&c, &ref.config, sizeof(c)) != 0) fail("reference '%s' was made for another model config", reference.c_str());
@@ -277,31 +274,33 @@ int main(int argc, char** argv) {
     printf("%s, %d steps, tensor bound %.0e, loss bound %.0e\n", label, ref.K, kTensorTol, kLossTol);
 
     GPT m;
-    gpt_create(m, host, ref.B, ref.T, flash, gelu_fusion, recompute);
+    GPTSettings settings;
+    settings.flash = flash, settings.gelu_fusion = gelu_fusion, settings.recompute = recompute;
+    gpt_create(m, host, ref.B, ref.T, settings);
     if (exp_head) gpt_use_exp_head(m);
     printf("attention: %s | LM head: %s | GELU fusion -ge %d | GELU recompute -r %d\n",
            m.flash ? "flash (flash_attention.cuh)" : "cuBLAS (attention.cuh)",
-           m.exp_head ? "exp (lm_head.cuh)" : "logits and classifier", gelu_fusion, recompute);
+           m.exp_head.on ? "exp (lm_head.cuh)" : "logits and classifier", gelu_fusion, recompute);
     if (gelu_fusion >= 1) probe_gelu_epilogues(gelu_fusion, counter);
     const size_t probe_fused = blas().gelu_fused, probe_unfused = blas().gelu_unfused;
     const int B = ref.B, T = ref.T, BT = B * T;
 
     // Forward only: logits and loss.
     gpt_set_batch(m, ref.inputs.data(), ref.targets.data(), B, T);
-    const bool exp_head_on = m.exp_head;
-    m.exp_head = false;  // the exp head writes no logits: they come from the logits path
+    const bool exp_head_on = m.exp_head.on;
+    m.exp_head.on = false;  // the exp head writes no logits: they come from the logits path
     gpt_forward(m, B, T, true, 0.0f);
     const float loss = gpt_mean_loss(m, B, T);
-    m.exp_head = exp_head_on;
+    m.exp_head.on = exp_head_on;
     {
-        std::vector<float> all = download(m.acts.logits, size_t(BT) * c.Vp), logits(size_t(BT) * c.V);
+        std::vector<float> all = download(m.act.acts.logits, size_t(BT) * c.Vp), logits(size_t(BT) * c.V);
         for (int i = 0; i < BT; i++) std::copy_n(all.begin() + size_t(i) * c.Vp, c.V, logits.begin() + size_t(i) * c.V);
         counter.record(compare_tensor("logits", logits, ref.logits.data(), logits.size(), kTensorTol));
     }
     counter.record(compare_loss("loss", loss, ref.loss, kLossTol));
     if (exp_head_on) {  // and the loss from the exp head's row sums (the losses poisoned first: the
         // logits path above wrote the right ones into the same buffer)
-        cuda_check(cudaMemset(m.stats.losses, 0xff, size_t(BT) * sizeof(float)));
+        cuda_check(cudaMemset(m.act.stats.losses, 0xff, size_t(BT) * sizeof(float)));
         gpt_forward(m, B, T, true, 0.0f);
         counter.record(compare_loss("loss (exp head)", gpt_mean_loss(m, B, T), ref.loss, kLossTol));
     }
@@ -317,12 +316,12 @@ int main(int argc, char** argv) {
         gpt_backward(m, B, T);
         if (k == 0) {
             printf("gradients after one backward:\n");
-            std::vector<float> grads = download(m.grads_memory, m.num_params);
+            std::vector<float> grads = download(m.weights.grads_memory, m.weights.count);
             size_t offset = 0;
             for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-                std::vector<float> g(grads.begin() + offset, grads.begin() + offset + m.param_sizes[i]);
-                counter.record(compare_tensor(PARAM_NAMES[i], g, ref.grads.data() + offset, g.size(), kTensorTol));
-                offset += m.param_sizes[i];
+                std::vector<float> g(grads.begin() + offset, grads.begin() + offset + m.weights.sizes[i]);
+                counter.record(compare_tensor(param_name(i), g, ref.grads.data() + offset, g.size(), kTensorTol));
+                offset += m.weights.sizes[i];
             }
             printf("losses of %d AdamW steps (lr %g, weight decay %g, clip %g):\n", ref.K, ref.lr, ref.weight_decay, ref.clip);
         }
@@ -348,14 +347,15 @@ int main(int argc, char** argv) {
     // stream (-ov 1, on by default) changes nothing: the backward with the weight gradients in line
     // on the default stream gives the same bits (a race between the streams would show here).
     {
+        const cudaStream_t weight_stream = m.wgrad.stream;  // null: created without one
         auto gradients = [&](bool overlap) {
-            m.overlap = overlap;
+            m.wgrad.stream = overlap ? weight_stream : nullptr;
             gpt_zero_grad(m);
             gpt_forward(m, B, T, true, 1.0f / BT);
             gpt_backward(m, B, T);
-            return download(m.grads_memory, m.num_params);
+            return download(m.weights.grads_memory, m.weights.count);
         };
-        const bool created_overlap = m.overlap;
+        const bool created_overlap = weight_stream != nullptr;
         const std::vector<float> first = gradients(created_overlap), second = gradients(created_overlap);
         const bool same = memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0;
         printf("  %-16s %s  two backward passes give %s gradients\n", "determinism", same ? "ok  " : "FAIL",
@@ -363,7 +363,7 @@ int main(int argc, char** argv) {
         counter.record(same);
         if (created_overlap) {
             const std::vector<float> inline_ = gradients(false);
-            m.overlap = true;
+            m.wgrad.stream = weight_stream;
             const bool same_inline = memcmp(first.data(), inline_.data(), first.size() * sizeof(float)) == 0;
             printf("  %-16s %s  weight gradients on their own stream and in line give %s gradients\n", "weight stream",
                    same_inline ? "ok  " : "FAIL", same_inline ? "bit-identical" : "DIFFERENT");

@@ -198,22 +198,22 @@ inline Tokenizer read_tokenizer(const std::string& path) {
     const char* p = path.c_str();
     if (bytes.size() < FILE_HEADER_BYTES)
         fail("tokenizer %s: %zu bytes, expected at least a %zu-byte header", p, bytes.size(), FILE_HEADER_BYTES);
-    int32_t header[256];
-    memcpy(header, bytes.data(), FILE_HEADER_BYTES);
-    if (header[0] != TOKENIZER_MAGIC)
+    TokenizerHeader header;
+    memcpy(static_cast<void*>(&header), bytes.data(), FILE_HEADER_BYTES);
+    if (header.magic != TOKENIZER_MAGIC)
         fail("tokenizer %s: magic %d, expected %d (not a tokenizer file from data/?)", p,
-             header[0], TOKENIZER_MAGIC);
-    if (header[1] != 1 && header[1] != 2) fail("tokenizer %s: version %d, expected 1 or 2", p, header[1]);
+             header.magic, TOKENIZER_MAGIC);
+    if (header.version != 1 && header.version != 2) fail("tokenizer %s: version %d, expected 1 or 2", p, header.version);
     Tokenizer tok;
-    tok.vocab_size = header[2];
+    tok.vocab_size = header.vocab_size;
     if (tok.vocab_size < 1) fail("tokenizer %s: vocab size %d, expected at least 1", p, tok.vocab_size);
     // Every token takes at least 2 bytes (its length and one byte): a larger count is a damaged header,
     // said before anything is allocated for it.
     if (uint64_t(tok.vocab_size) > (bytes.size() - FILE_HEADER_BYTES) / 2)
         fail("tokenizer %s: vocab size %d, but its %zu bytes hold at most %zu tokens; damaged?", p, tok.vocab_size,
              bytes.size(), (bytes.size() - FILE_HEADER_BYTES) / 2);
-    if (header[1] == 2) {
-        tok.eot_token = header[3];
+    if (header.version == 2) {
+        tok.eot_token = header.eot_token;
         if (tok.eot_token < 0 || tok.eot_token >= tok.vocab_size)
             fail("tokenizer %s: eot token %d, expected an id in [0, %d)", p, tok.eot_token, tok.vocab_size);
     }

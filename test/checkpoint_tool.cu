@@ -7,6 +7,10 @@
 //   checkpoint_tool resume DIR             what train_gpt -y 1 would take: "resume STEP", "fresh" or
 //                                          "refuse" (damaged checkpoints only), one line
 //   checkpoint_tool verify DIR STEP        checkpoint STEP loads and holds exactly what save wrote
+//   checkpoint_tool layout L,NH,C,maxT,V,Vp the parameter list of model_config.h for that config, a tensor a line
+//   checkpoint_tool formats DIR            each file format's header with every field set to a value of its own,
+//                                          written to DIR/NAME.bin, and "NAME FIELD VALUE" a field a line
+//                                          (test/test_formats.py compares both with data/file_formats.py)
 // Every error is one `error: ...` line on stderr and exit code 1.
 #define GPT_NO_MAIN
 #include "train_gpt.cu"
@@ -24,13 +28,78 @@ static void make_state(int step, std::vector<float>& params, std::vector<float>&
     st.B = 2, st.T = 8, st.seed = 1337, st.shuffle = 1, st.data_tokens = 12345, st.data_crc = 0xC0FFEE;
 }
 
+// Sets a header field to the next value of a counter, and prints it.
+#define SET_FIELD(format, header, field)                                                                \
+    do {                                                                                                 \
+        header.field = static_cast<decltype(header.field)>(++value);                                     \
+        if (std::is_floating_point<decltype(header.field)>::value) header.field += 0.5f;                \
+        printf("%s %s %.17g\n", format, #field, (double)header.field);                                 \
+    } while (0)
+#define KEEP_FIELD(format, header, field) printf("%s %s %.17g\n", format, #field, (double)header.field)
+
+static void write_header(const std::string& dir, const char* name, const void* header, size_t bytes) {
+    std::string error;
+    if (!write_file_atomic(dir + "/" + name + ".bin", {{header, bytes}}, &error)) fail("%s", error.c_str());
+}
+
+static void write_formats(const std::string& dir) {
+    long long value = 0;
+    ModelFileHeader model;
+    KEEP_FIELD("model", model, magic); KEEP_FIELD("model", model, version);
+    SET_FIELD("model", model, L); SET_FIELD("model", model, NH); SET_FIELD("model", model, C); SET_FIELD("model", model, maxT);
+    SET_FIELD("model", model, V); SET_FIELD("model", model, Vp); SET_FIELD("model", model, crc);
+    write_header(dir, "model", &model, sizeof(model));
+    LlmcModelHeader llmc;
+    KEEP_FIELD("llmc_model", llmc, magic); KEEP_FIELD("llmc_model", llmc, version);
+    SET_FIELD("llmc_model", llmc, maxT); SET_FIELD("llmc_model", llmc, V); SET_FIELD("llmc_model", llmc, L);
+    SET_FIELD("llmc_model", llmc, NH); SET_FIELD("llmc_model", llmc, C); SET_FIELD("llmc_model", llmc, Vp);
+    write_header(dir, "llmc_model", &llmc, sizeof(llmc));
+    TrainStateHeader st;
+    KEEP_FIELD("train_state", st, magic); KEEP_FIELD("train_state", st, version);
+    SET_FIELD("train_state", st, step); SET_FIELD("train_state", st, B); SET_FIELD("train_state", st, T);
+    SET_FIELD("train_state", st, crc); SET_FIELD("train_state", st, num_params); SET_FIELD("train_state", st, loader_epoch);
+    SET_FIELD("train_state", st, loader_cursor); SET_FIELD("train_state", st, sampler_rng); SET_FIELD("train_state", st, seed);
+    SET_FIELD("train_state", st, shuffle); SET_FIELD("train_state", st, data_crc); SET_FIELD("train_state", st, data_tokens);
+    SET_FIELD("train_state", st, gelu_fusion); SET_FIELD("train_state", st, recompute);
+    SET_FIELD("train_state", st, total_batch); SET_FIELD("train_state", st, head);
+    write_header(dir, "train_state", &st, sizeof(st));
+    ReferenceHeader ref;
+    KEEP_FIELD("reference", ref, magic); KEEP_FIELD("reference", ref, version);
+    SET_FIELD("reference", ref, B); SET_FIELD("reference", ref, T); SET_FIELD("reference", ref, K);
+    SET_FIELD("reference", ref, L); SET_FIELD("reference", ref, NH); SET_FIELD("reference", ref, C);
+    SET_FIELD("reference", ref, maxT); SET_FIELD("reference", ref, V); SET_FIELD("reference", ref, Vp);
+    SET_FIELD("reference", ref, lr); SET_FIELD("reference", ref, beta1); SET_FIELD("reference", ref, beta2);
+    SET_FIELD("reference", ref, eps); SET_FIELD("reference", ref, weight_decay); SET_FIELD("reference", ref, clip);
+    write_header(dir, "reference", &ref, sizeof(ref));
+    TokenFileHeader tokens;
+    KEEP_FIELD("token_file", tokens, magic); KEEP_FIELD("token_file", tokens, version); SET_FIELD("token_file", tokens, count);
+    write_header(dir, "token_file", &tokens, sizeof(tokens));
+    TokenizerHeader tok;
+    KEEP_FIELD("tokenizer", tok, magic); KEEP_FIELD("tokenizer", tok, version);
+    SET_FIELD("tokenizer", tok, vocab_size); SET_FIELD("tokenizer", tok, eot_token);
+    write_header(dir, "tokenizer", &tok, sizeof(tok));
+}
+
 int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "-h" || cmd == "--help" || argc < 3) {
-        printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP\n");
+        printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp | formats DIR\n");
         return argc < 3 && cmd != "-h" && cmd != "--help";
     }
+    if (cmd == "layout" && argc == 3) {
+        GPTConfig c;
+        if (sscanf(argv[2], "%d,%d,%d,%d,%d,%d", &c.L, &c.NH, &c.C, &c.maxT, &c.V, &c.Vp) != 6 || !config_error(c).empty())
+            fail("layout: expected a valid L,NH,C,maxT,V,Vp, got '%s'", argv[2]);
+        static const char* const inits[] = {"normal", "residual_normal", "ones", "zeros"};
+        for (const ParamSpec& s : param_specs(c))
+            printf("%s %zu %zu %zu %d %d %s\n", s.name, s.layers, s.rows, s.cols, (int)s.decay, (int)s.per_layer, inits[s.init]);
+        return 0;
+    }
     const std::string dir = argv[2];
+    if (cmd == "formats" && argc == 3) {
+        write_formats(dir);
+        return 0;
+    }
     if (cmd == "save" && (argc == 4 || argc == 5)) {
         const int step = (int)parse_int_flag("STEP", argv[3], 0, 99999999);
         const int keep = argc == 5 ? (int)parse_int_flag("KEEP", argv[4], 1, 1000) : 2;
@@ -66,7 +135,7 @@ int main(int argc, char** argv) {
                           got.data_crc == want.data_crc && model.config.C == kConfig.C;
         if (!same) fail("checkpoint %d loads, but holds other values than were saved", step);
         HostModel file_model;  // the model file holds the same parameters
-        if (!read_checkpoint(checkpoint_path(dir, "model", step), file_model, &error) || file_model.params != params)
+        if (!read_model_file(checkpoint_path(dir, "model", step), file_model, &error) || file_model.params != params)
             fail("checkpoint %d: its model file does not hold the saved parameters", step);
         printf("verified step %d\n", step);
         return 0;

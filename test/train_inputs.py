@@ -2,16 +2,16 @@
 
 Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts fast. Subcommands:
 
-  tokens OUT N [--vocab V] [--seed S]      token file (256 x int32 header: magic 20240520, version 1,
-                                            count; then uint16 tokens): N learnable tokens below V
-  tokenizer OUT V [--version 1|2]          tokenizer file (magic 20240328, version, V, eot = V-1; then
+  tokens OUT N [--vocab V] [--seed S]      token file (data/file_formats.py's TOKEN_FILE header,
+                                            then uint16 tokens): N learnable tokens below V
+  tokenizer OUT V [--version 1|2]          tokenizer file (TOKENIZER: version, V, eot = V-1; then
                                             per token a uint8 length and its bytes)
   model-crc IN OUT                         a model checkpoint as train_gpt writes it: IN (e.g. from
-                                            gpt_reference.py, crc 0) with header[8] = crc32
+                                            gpt_reference.py, crc 0) with its crc field set
   state OUT MODEL STEP B T --data TOKENS [--epoch E] [--cursor K] [--seed S] [--shuffle 0|1] [--ge G] [--r R]
                                             a training-state file for the model checkpoint MODEL, as
                                             train_gpt writes it (master = MODEL's parameters, AdamW
-                                            m = v = 0, crc32 in header[5]) for a run of -b B -t T
+                                            m = v = 0, its crc field set) for a run of -b B -t T
                                             -sd S (default 1337) -sh (default 1) -ge G -r R (defaults: the
                                             bf16 build's, 2 and 0) on the token file TOKENS
   edit IN OUT [--flip OFFSET [--xor MASK]] [--drop N] [--append N] [--set-int SLOT=VALUE] [--set-float I=VALUE]
@@ -21,12 +21,16 @@ Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts f
 """
 
 import argparse
+import os
+import sys
 import zlib
 
 import numpy as np
 
-HEADER_INTS = 256
-HEADER_BYTES = 4 * HEADER_INTS
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"))
+import file_formats as ff  # noqa: E402
+
+HEADER_INTS, HEADER_BYTES = ff.HEADER_INTS, ff.HEADER_BYTES
 
 
 def write(path, *chunks):
@@ -42,14 +46,11 @@ def cmd_tokens(a):
     base = (np.arange(a.n) * 7919 % period) * (a.vocab // period)
     noise = rng.integers(0, a.vocab, a.n)
     tokens = np.where(rng.random(a.n) < 0.1, noise, base).astype(np.uint16)
-    header = np.zeros(HEADER_INTS, np.int32)
-    header[:3] = [20240520, 1, a.n]
-    write(a.out, header, tokens)
+    write(a.out, ff.TOKEN_FILE.pack(count=a.n), tokens)
 
 
 def cmd_tokenizer(a):
-    header = np.zeros(HEADER_INTS, np.int32)
-    header[:4] = [20240328, a.version, a.vocab, a.vocab - 1 if a.version == 2 else 0]
+    header = ff.TOKENIZER.pack(version=a.version, vocab_size=a.vocab, eot_token=a.vocab - 1 if a.version == 2 else 0)
     body = bytearray()
     for i in range(a.vocab):
         piece = (" t%d" % i).encode()
@@ -59,33 +60,25 @@ def cmd_tokenizer(a):
 
 def cmd_model_crc(a):
     data = bytearray(open(a.inp, "rb").read())
-    header = np.frombuffer(bytes(data[:HEADER_BYTES]), np.int32).copy()
-    header[8] = 0
-    crc = zlib.crc32(bytes(data[HEADER_BYTES:]), zlib.crc32(header.tobytes()))
-    header[8] = np.uint32(crc).view(np.int32)
-    write(a.out, header, np.frombuffer(bytes(data[HEADER_BYTES:]), np.uint8))
+    fields = ff.MODEL_FILE.unpack(data)
+    fields["crc"] = 0
+    header = ff.MODEL_FILE.pack(**fields)
+    fields["crc"] = zlib.crc32(bytes(data[HEADER_BYTES:]), zlib.crc32(header.tobytes()))
+    write(a.out, ff.MODEL_FILE.pack(**fields), np.frombuffer(bytes(data[HEADER_BYTES:]), np.uint8))
 
 
 def cmd_state(a):
     data = open(a.model, "rb").read()
     params = np.frombuffer(data[HEADER_BYTES:], np.float32)
     n = params.size
-    header = np.zeros(HEADER_INTS, np.int32)
-    header[:5] = [20251103, 2, a.step, a.B, a.T]
-    header[8:10] = np.array([n], np.int64).view(np.int32)
-    header[10:12] = np.array([a.epoch], np.int64).view(np.int32)
-    header[12:14] = np.array([a.cursor], np.int64).view(np.int32)
-    header[14:16] = np.array([12345], np.uint64).view(np.int32)
-    header[16:18] = np.array([a.seed], np.int64).view(np.int32)
-    header[18] = a.shuffle
     tokens = open(a.data, "rb").read()[HEADER_BYTES:]
-    header[19] = np.uint32(zlib.crc32(tokens)).view(np.int32)
-    header[20:22] = np.array([len(tokens) // 2], np.int64).view(np.int32)
-    header[22:24] = [a.ge, a.r]
+    fields = dict(step=a.step, B=a.B, T=a.T, num_params=n, loader_epoch=a.epoch, loader_cursor=a.cursor,
+                  sampler_rng=12345, seed=a.seed, shuffle=a.shuffle, data_crc=zlib.crc32(tokens),
+                  data_tokens=len(tokens) // 2, gelu_fusion=a.ge, recompute=a.r)
     zeros = np.zeros(n, np.float32)
     payload = params.tobytes() + zeros.tobytes() + zeros.tobytes()
-    header[5] = np.uint32(zlib.crc32(payload, zlib.crc32(header.tobytes()))).view(np.int32)
-    write(a.out, header, np.frombuffer(payload, np.uint8))
+    crc = zlib.crc32(payload, zlib.crc32(ff.TRAIN_STATE.pack(**fields).tobytes()))
+    write(a.out, ff.TRAIN_STATE.pack(crc=crc, **fields), np.frombuffer(payload, np.uint8))
 
 
 def cmd_edit(a):

@@ -1,0 +1,389 @@
+// checkpoint.h: the model and training-state files, and the commit protocol of a run folder's
+// checkpoints. Host code only; test/checkpoint_tool.cu drives it without a GPU.
+//
+// Every file starts with a 256-int32 header, declared here as a struct with named fields; Python
+// declares the same fields at the same places (gpt_reference.py, FORMATS), and test/test_formats.py
+// checks that both sides write the same bytes for the same values.
+//   model file  (ours, kModelFileMagic): the config, then every parameter as fp32 in the order of
+//               GPT_PARAMETER_TENSORS (model_config.h), per-layer tensors stacked over the layers
+//   llm.c's model file (kLlmcModelMagic): the same parameters, fp32 or bf16, no checksum
+//   state file  (kTrainStateMagic): a run's position and setup, then fp32 master weights, AdamW m and
+//               AdamW v, whole (whatever the number of GPUs that wrote them, so a run saved on N GPUs
+//               resumes on M)
+//   reference   (kReferenceMagic): test_gpt's input from gpt_reference.py state
+// The token and tokenizer files are llm.c's (fileio.h: TokenFileHeader, TokenizerHeader).
+//
+// The commit protocol: the model file is written first, then the state file, each atomically (temp
+// file, fsync, rename, folder fsync: fileio.h). The state file is the commit record: a checkpoint
+// is complete when its state file exists, and its model file was complete before that. A kill at
+// any instant of a save therefore leaves every earlier checkpoint as it was and, at most, a temp
+// file or a model file without its state file; neither counts as a checkpoint, and the next save
+// removes them. Pruning (keep the newest K) runs only after a new checkpoint is complete and removes
+// a checkpoint's state file before its model file.
+#pragma once
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fileio.h"
+#include "model_config.h"
+
+constexpr int32_t kModelFileMagic = 20251101, kModelFileVersion = 1;
+constexpr int32_t kTrainStateMagic = 20251103, kTrainStateVersion = 2;
+constexpr int32_t kLlmcModelMagic = 20240326, kLlmcModelFp32 = 3, kLlmcModelBf16 = 5;
+constexpr int HEADER_INTS = 256;
+
+struct ModelFileHeader {
+    int32_t magic = kModelFileMagic, version = kModelFileVersion;
+    int32_t L = 0, NH = 0, C = 0, maxT = 0, V = 0, Vp = 0;
+    uint32_t crc = 0;  // crc32 of the header (with this field 0) and the parameters; 0 = not recorded
+    int32_t unused[247] = {};
+};
+
+struct LlmcModelHeader {
+    int32_t magic = kLlmcModelMagic, version = kLlmcModelFp32;  // kLlmcModelFp32 or kLlmcModelBf16
+    int32_t maxT = 0, V = 0, L = 0, NH = 0, C = 0, Vp = 0;
+    int32_t unused[248] = {};
+};
+
+struct TrainStateHeader {
+    int32_t magic = kTrainStateMagic, version = kTrainStateVersion;
+    int32_t step = 0;  // completed optimizer steps
+    int32_t B = 0, T = 0;
+    uint32_t crc = 0;  // crc32 of the header (with this field 0) and the three arrays
+    int32_t unused6[2] = {};
+    uint64_t num_params = 0;
+    uint64_t loader_epoch = 0, loader_cursor = 0;
+    uint64_t sampler_rng = 0;
+    int64_t seed = 0;          // -sd
+    int32_t shuffle = 0;       // -sh
+    uint32_t data_crc = 0;     // the training data's fingerprint (TokenStream::fingerprint)
+    uint64_t data_tokens = 0;  // the training data's token count
+    int32_t gelu_fusion = 0, recompute = 0;  // -ge, -r
+    uint64_t total_batch = 0;  // tokens per step (0 in files written before it was recorded)
+    int32_t head = 0;  // the LM head: 1 the logits and the classifier, 2 the exp head, 0 not recorded (the logits)
+    int32_t unused27[229] = {};
+};
+
+// test_gpt's input, written by gpt_reference.py state: one batch, the logits, the loss and every
+// parameter gradient after one forward/backward, the losses of K AdamW steps with these settings.
+constexpr int32_t kReferenceMagic = 20251102, kReferenceVersion = 1;
+struct ReferenceHeader {
+    int32_t magic = kReferenceMagic, version = kReferenceVersion;
+    int32_t B = 0, T = 0, K = 0;
+    int32_t L = 0, NH = 0, C = 0, maxT = 0, V = 0, Vp = 0;
+    int32_t unused11[5] = {};
+    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, clip = 0;
+    int32_t unused22[234] = {};
+};
+
+static_assert(sizeof(ReferenceHeader) == HEADER_INTS * 4 && offsetof(ReferenceHeader, lr) == 16 * 4, "reference header");
+static_assert(sizeof(ModelFileHeader) == HEADER_INTS * 4 && offsetof(ModelFileHeader, crc) == 8 * 4, "model file header");
+static_assert(sizeof(LlmcModelHeader) == HEADER_INTS * 4, "llm.c model file header");
+static_assert(sizeof(TrainStateHeader) == HEADER_INTS * 4 && offsetof(TrainStateHeader, crc) == 5 * 4 &&
+                  offsetof(TrainStateHeader, num_params) == 8 * 4 && offsetof(TrainStateHeader, seed) == 16 * 4 &&
+                  offsetof(TrainStateHeader, data_tokens) == 20 * 4 && offsetof(TrainStateHeader, total_batch) == 24 * 4 &&
+                  offsetof(TrainStateHeader, head) == 26 * 4,
+              "state file header");
+
+// ---------------------------------------------------------------------------------------------
+// Model files
+
+inline GPTConfig config_of(const ModelFileHeader& h) { return GPTConfig{h.L, h.NH, h.C, h.maxT, h.V, h.Vp}; }
+inline GPTConfig config_of(const LlmcModelHeader& h) { return GPTConfig{h.L, h.NH, h.C, h.maxT, h.V, h.Vp}; }
+
+// crc32 of a header whose crc field is taken as 0, then of the payload.
+template <typename Header> uint32_t header_and_payload_crc(const Header& header, const void* payload, size_t bytes) {
+    Header h = header;
+    h.crc = 0;
+    return crc32(payload, bytes, crc32(&h, sizeof(h)));
+}
+
+// Reads and validates a model file: ours or llm.c's. On any problem returns false with *error set
+// (resume skips a bad checkpoint; a model given by -e is fatal). The header's config is checked
+// against the file's size before anything is allocated.
+inline bool read_model_file(const std::string& path, HostModel& m, std::string* error) {
+    InputFile f;
+    if (!f.open_file(path, error)) return false;
+    ModelFileHeader ours;
+    if (f.size < sizeof(ours)) {
+        *error = "checkpoint '" + path + "' is truncated (" + std::to_string(f.size) + " bytes, no complete header)";
+        return false;
+    }
+    if (!f.read_at(0, &ours, sizeof(ours), error)) return false;
+    LlmcModelHeader llmc_header;
+    memcpy(static_cast<void*>(&llmc_header), &ours, sizeof(llmc_header));
+    const bool llmc = ours.magic == kLlmcModelMagic;
+    if (!llmc && ours.magic != kModelFileMagic) {
+        *error = "'" + path + "' is not a model checkpoint (bad magic " + std::to_string(ours.magic) + ", expected " +
+                 std::to_string(kModelFileMagic) + ", or llm.c's " + std::to_string(kLlmcModelMagic) + ")";
+        return false;
+    }
+    if (llmc ? (ours.version != kLlmcModelFp32 && ours.version != kLlmcModelBf16) : ours.version != kModelFileVersion) {
+        *error = (llmc ? "llm.c model file '" : "checkpoint '") + path + "' has version " + std::to_string(ours.version) +
+                 ", expected " + (llmc ? "3 (fp32) or 5 (bf16)" : std::to_string(kModelFileVersion));
+        return false;
+    }
+    const GPTConfig c = llmc ? config_of(llmc_header) : config_of(ours);
+    const std::string bad = config_error(c);
+    if (!bad.empty()) {
+        *error = "checkpoint '" + path + "': " + bad;
+        return false;
+    }
+    const size_t n = num_parameters(c), width = llmc && ours.version == kLlmcModelBf16 ? 2 : 4;
+    const uint64_t expected = sizeof(ours) + uint64_t(n) * width;
+    if (f.size != expected) {
+        *error = "checkpoint '" + path + "' has " + std::to_string(f.size) + " bytes, expected " + std::to_string(expected) +
+                 " for its config (truncated or corrupt)";
+        return false;
+    }
+    m.config = c;
+    m.params.resize(n);
+    if (width == 4) {
+        if (!f.read_at(sizeof(ours), m.params.data(), n * sizeof(float), error)) return false;
+    } else {  // bf16 -> fp32 is exact: the bf16 bits are the top half of the float's
+        std::vector<uint16_t> half(n);
+        if (!f.read_at(sizeof(ours), half.data(), n * sizeof(uint16_t), error)) return false;
+        for (size_t i = 0; i < n; i++) {
+            const uint32_t bits = uint32_t(half[i]) << 16;
+            memcpy(&m.params[i], &bits, sizeof(bits));
+        }
+    }
+    if (!llmc && ours.crc != 0 && ours.crc != header_and_payload_crc(ours, m.params.data(), n * sizeof(float))) {
+        *error = "checkpoint '" + path + "' fails its checksum (corrupt)";
+        return false;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!std::isfinite(m.params[i])) {
+            *error = "checkpoint '" + path + "' holds a non-finite parameter at index " + std::to_string(i);
+            return false;
+        }
+    return true;
+}
+
+inline bool write_model_file(const std::string& path, const GPTConfig& c, const std::vector<float>& params, std::string* error) {
+    ModelFileHeader h;
+    h.L = c.L, h.NH = c.NH, h.C = c.C, h.maxT = c.maxT, h.V = c.V, h.Vp = c.Vp;
+    h.crc = header_and_payload_crc(h, params.data(), params.size() * sizeof(float));
+    return write_file_atomic(path, {{&h, sizeof(h)}, {params.data(), params.size() * sizeof(float)}}, error);
+}
+
+// Whether `path` is a safetensors file (Hugging Face's format: an 8-byte header length, then JSON).
+inline bool looks_like_safetensors(const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;  // (a FIFO would block the open)
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return false;
+    unsigned char head[9] = {};
+    const bool read = fread(head, 1, sizeof(head), f) == sizeof(head);
+    fclose(f);
+    return read && head[8] == '{';
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints of a run folder: model_SSSSSSSS.bin and state_SSSSSSSS.bin.
+//
+// The run setup (B, T, seed, shuffle, training data, tokens per step) is recorded because the data
+// position means nothing under another one: resuming with a different setup is an error, never a
+// silent change of the data order. Another -ge or -r is allowed (a run may need -r 1 to fit a
+// smaller GPU) with a warning: it rounds differently.
+
+struct TrainState {
+    int step = 0;  // completed optimizer steps
+    uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;
+    // The run setup the state belongs to.
+    int B = 0, T = 0, shuffle = 0, gelu_fusion = 0, recompute = 0;
+    int head = 0;  // as TrainStateHeader::head
+    int64_t seed = 0;
+    uint64_t data_tokens = 0, total_batch = 0;
+    uint32_t data_crc = 0;
+    std::vector<float> adam_m, adam_v;
+};
+
+inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s_%08d.bin", kind, step);
+    return dir + "/" + name;
+}
+
+inline TrainStateHeader state_header(const TrainState& st, size_t num_params) {
+    TrainStateHeader h;
+    h.step = st.step, h.B = st.B, h.T = st.T;
+    h.num_params = num_params;
+    h.loader_epoch = st.loader_epoch, h.loader_cursor = st.loader_cursor, h.sampler_rng = st.sampler_rng;
+    h.seed = st.seed, h.shuffle = st.shuffle, h.data_crc = st.data_crc, h.data_tokens = st.data_tokens;
+    h.gelu_fusion = st.gelu_fusion, h.recompute = st.recompute;
+    h.total_batch = st.total_batch, h.head = st.head;
+    return h;
+}
+
+inline void state_from_header(const TrainStateHeader& h, TrainState& st) {
+    st.step = h.step, st.B = h.B, st.T = h.T;
+    st.loader_epoch = h.loader_epoch, st.loader_cursor = h.loader_cursor, st.sampler_rng = h.sampler_rng;
+    st.seed = h.seed, st.shuffle = h.shuffle, st.data_crc = h.data_crc, st.data_tokens = h.data_tokens;
+    st.gelu_fusion = h.gelu_fusion, st.recompute = h.recompute;
+    st.total_batch = h.total_batch, st.head = h.head;
+}
+
+inline uint32_t state_crc(const TrainStateHeader& header, const std::vector<float>& params, const std::vector<float>& adam_m,
+                          const std::vector<float>& adam_v) {
+    TrainStateHeader h = header;
+    h.crc = 0;
+    const size_t bytes = params.size() * sizeof(float);
+    uint32_t crc = crc32(&h, sizeof(h));
+    crc = crc32(params.data(), bytes, crc);
+    crc = crc32(adam_m.data(), bytes, crc);
+    return crc32(adam_v.data(), bytes, crc);
+}
+
+// Writes checkpoint st.step into dir (model file, then state file: the commit). On failure (a full
+// disk, an I/O error) returns false with *error; nothing of this step is left behind and every
+// earlier checkpoint is untouched.
+inline bool write_checkpoint(const std::string& dir, const GPTConfig& config, const TrainState& st, const std::vector<float>& params,
+                             const std::vector<float>& adam_m, const std::vector<float>& adam_v, std::string* error) {
+    const size_t bytes = params.size() * sizeof(float);
+    TrainStateHeader h = state_header(st, params.size());
+    h.crc = state_crc(h, params, adam_m, adam_v);
+    const std::string model_path = checkpoint_path(dir, "model", st.step), state_path = checkpoint_path(dir, "state", st.step);
+    if (!write_model_file(model_path, config, params, error) ||
+        !write_file_atomic(state_path, {{&h, sizeof(h)}, {params.data(), bytes}, {adam_m.data(), bytes}, {adam_v.data(), bytes}}, error)) {
+        // Not committed (or not known to be on disk: a failed folder sync comes after the rename):
+        // leave nothing of it, the commit record first.
+        unlink(state_path.c_str());
+        unlink(model_path.c_str());
+        return false;
+    }
+    return true;
+}
+
+// What an output folder holds: steps with a state file (checkpoints, newest first), steps with a
+// model file only (a save that was not committed), steps with a state file only (a save cut short by
+// an older version of this program, which wrote the state file first), and temp files of
+// interrupted writes.
+struct CheckpointScan {
+    std::vector<int> states, orphan_models, lone_states;
+    std::vector<std::string> temps;
+    bool has_leftovers() const { return !orphan_models.empty() || !lone_states.empty() || !temps.empty(); }
+};
+
+inline CheckpointScan scan_checkpoints(const std::string& dir) {
+    CheckpointScan scan;
+    std::vector<int> models;
+    DIR* d = opendir(dir.c_str());
+    if (!d) return scan;
+    while (dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
+        int step = -1;
+        char tail = 0;
+        const bool state = name.rfind("state_", 0) == 0, model = name.rfind("model_", 0) == 0;
+        if (name.rfind(".write_test.tmp.", 0) == 0) scan.temps.push_back(dir + "/" + name);  // a killed folder probe
+        if (!state && !model) continue;
+        if (name.find(".tmp.") != std::string::npos) scan.temps.push_back(dir + "/" + name);
+        else if (name.size() == 18 && sscanf(name.c_str() + 6, "%8d.bi%c", &step, &tail) == 2 && tail == 'n' && step >= 0)
+            (state ? scan.states : models).push_back(step);
+    }
+    closedir(d);
+    std::sort(scan.states.rbegin(), scan.states.rend());
+    std::sort(models.begin(), models.end());
+    for (int step : models)
+        if (!std::binary_search(scan.states.rbegin(), scan.states.rend(), step)) scan.orphan_models.push_back(step);
+    for (int step : scan.states)
+        if (!std::binary_search(models.begin(), models.end(), step)) scan.lone_states.push_back(step);
+    return scan;
+}
+
+// Steps that have a checkpoint (a state file) in `dir`, newest first.
+inline std::vector<int> checkpoint_steps(const std::string& dir) { return scan_checkpoints(dir).states; }
+
+// Removes what interrupted saves left (temp files, lone model or state files), then keeps the newest
+// `keep` checkpoints up to step `written`, the one just saved. Called only after a new checkpoint is
+// complete, or at the start of a run that found nothing complete to resume from (keep = 0: leftovers
+// only). Checkpoints after `written` are left alone and not counted: a run resumed from an older
+// checkpoint because the newer ones are damaged must not count those as the ones it keeps, or it
+// would delete its own.
+inline void prune_checkpoints(const std::string& dir, int keep, int written = INT_MAX) {
+    const CheckpointScan scan = scan_checkpoints(dir);
+    for (const std::string& path : scan.temps) unlink(path.c_str());
+    for (int step : scan.orphan_models) unlink(checkpoint_path(dir, "model", step).c_str());
+    for (int step : scan.lone_states) unlink(checkpoint_path(dir, "state", step).c_str());
+    int kept = 0;
+    for (int step : scan.states) {
+        if (std::find(scan.lone_states.begin(), scan.lone_states.end(), step) != scan.lone_states.end()) continue;
+        if (step > written) continue;
+        if (keep <= 0 || ++kept <= keep) continue;
+        unlink(checkpoint_path(dir, "state", step).c_str());  // the commit record first
+        unlink(checkpoint_path(dir, "model", step).c_str());
+    }
+}
+
+// Loads checkpoint `step` of dir: its state file (master weights, AdamW state, position) and the
+// model file's config. false with *error when it cannot be used; *incomplete tells a save that never
+// finished (no model file: a write cut short by an older version of this program) from a damaged
+// checkpoint. Whether it fits this run's setup is the caller's check.
+inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, TrainState& st, std::string* error,
+                            bool* incomplete) {
+    *incomplete = false;
+    const std::string model_path = checkpoint_path(dir, "model", step);
+    if (!file_exists(model_path)) {
+        *incomplete = true;
+        *error = "its model file " + model_path + " is missing (a save that did not finish)";
+        return false;
+    }
+    if (!read_model_file(model_path, model, error)) return false;
+    const std::string path = checkpoint_path(dir, "state", step);
+    InputFile f;
+    if (!f.open_file(path, error)) return false;
+    const size_t n = model.params.size();
+    TrainStateHeader h;
+    const uint64_t expected = sizeof(h) + 3 * uint64_t(n) * sizeof(float);
+    if (f.size < sizeof(h) || !f.read_at(0, &h, sizeof(h), error) || h.magic != kTrainStateMagic ||
+        h.version != kTrainStateVersion) {
+        *error = "'" + path + "' is not a training-state file of this version";
+        return false;
+    }
+    if (f.size != expected || h.num_params != n) {
+        *error = "'" + path + "' has " + std::to_string(f.size) + " bytes, expected " + std::to_string(expected);
+        return false;
+    }
+    std::vector<float> params(n);
+    st.adam_m.resize(n), st.adam_v.resize(n);
+    const size_t bytes = n * sizeof(float);
+    if (!f.read_at(sizeof(h), params.data(), bytes, error) || !f.read_at(sizeof(h) + bytes, st.adam_m.data(), bytes, error) ||
+        !f.read_at(sizeof(h) + 2 * bytes, st.adam_v.data(), bytes, error))
+        return false;
+    if (h.crc != state_crc(h, params, st.adam_m, st.adam_v)) {
+        *error = "'" + path + "' fails its checksum (corrupt or partly written)";
+        return false;
+    }
+    if (h.step != step) {
+        *error = "'" + path + "' holds step " + std::to_string(h.step) + ", its name says " + std::to_string(step);
+        return false;
+    }
+    model.params = std::move(params);  // the fp32 master weights (exact), not the model file's copy
+    state_from_header(h, st);
+    return true;
+}
+
+// The newest usable checkpoint of dir for -y 1. Returns true with model and st filled; false when
+// there is none, with *damaged counting checkpoints that exist but cannot be loaded (a warning each:
+// the caller refuses to start over on top of them). Saves that never finished are skipped with a
+// warning and do not count: nothing complete is lost by starting over.
+inline bool find_resume_checkpoint(const std::string& dir, HostModel& model, TrainState& st, int* damaged, bool verbose) {
+    *damaged = 0;
+    std::string error;
+    for (int step : checkpoint_steps(dir)) {
+        bool incomplete = false;
+        if (load_checkpoint(dir, step, model, st, &error, &incomplete)) return true;
+        if (!incomplete) (*damaged)++;
+        if (verbose) fprintf(stderr, "warning: skipping checkpoint of step %d: %s\n", step, error.c_str());
+    }
+    return false;
+}

@@ -1,0 +1,78 @@
+// run_log.h: a run folder's logs. main.log in llm.c's form ("s:STEP trl:LOSS" for a training step,
+// "s:STEP tel:LOSS" for a validation) and metrics.csv (a header, then a row per step and per
+// validation; scripts/plot_runs.py reads it). Each row is flushed as it is written. A row that cannot
+// be written (a full disk) is said once on stderr and the run goes on: its checkpoints, written and
+// checked on their own, are what a run must not lose.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common.cuh"
+
+struct LogFile {
+    FILE* file = nullptr;
+    std::string path;
+    bool warned = false;
+    void open(const std::string& p) {
+        path = p;
+        file = fopen(p.c_str(), "a");
+        if (!file) fail("cannot open '%s' for appending: %s", p.c_str(), strerror(errno));
+    }
+    void row(const char* fmt, ...) {
+        if (!file) return;
+        va_list args;
+        va_start(args, fmt);
+        const int n = vfprintf(file, fmt, args);
+        va_end(args);
+        if ((n < 0 || fflush(file) != 0) && !warned) {
+            fprintf(stderr, "warning: cannot write to %s (%s): its rows from here on may be lost\n", path.c_str(), strerror(errno));
+            warned = true;
+        }
+    }
+    void close() {
+        if (file && fclose(file) != 0 && !warned)
+            fprintf(stderr, "warning: closing %s: %s: its last rows may be lost\n", path.c_str(), strerror(errno));
+        file = nullptr;
+    }
+};
+
+// Both logs of a run folder; closed, they take nothing (a run without -o, or a rank other than 0).
+struct RunLogs {
+    LogFile main, metrics;
+
+    void open(const std::string& dir) {
+        const std::string csv_path = dir + "/metrics.csv";
+        struct stat csv_stat;
+        const bool csv_new = stat(csv_path.c_str(), &csv_stat) != 0 || csv_stat.st_size == 0;  // empty: killed before its header
+        main.open(dir + "/main.log");
+        metrics.open(csv_path);
+        if (csv_new) metrics.row("step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n");
+    }
+    void train_step(int step, float loss, float lr, float norm, double ms, double tokens_per_s) {
+        main.row("s:%d trl:%.6f\n", step, loss);
+        metrics.row("%d,%.6f,,%.6e,%.6f,%.3f,%.1f\n", step, loss, lr, norm, ms, tokens_per_s);
+    }
+    void validation(int step, float loss) {
+        main.row("s:%d tel:%.6f\n", step, loss);
+        metrics.row("%d,,%.6f,,,,\n", step, loss);
+    }
+    void close() {
+        main.close();
+        metrics.close();
+    }
+};
+
+// "1h05m" or "4m09s", for the time left.
+inline std::string format_duration(double seconds) {
+    char buf[32];
+    const long s = (long)seconds;
+    if (s >= 3600) snprintf(buf, sizeof(buf), "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else snprintf(buf, sizeof(buf), "%ldm%02lds", s / 60, s % 60);
+    return buf;
+}

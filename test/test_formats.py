@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""test_formats.py: the C++ and Python declarations of the file formats and of the parameter list agree.
+
+  - every header: checkpoint_tool formats writes each format's header with every field set to a value
+    of its own; data/file_formats.py must pack the same values into the same 1024 bytes, unpack the
+    C++ file into the same values, and know the same fields (no more, no fewer);
+  - the parameter list: checkpoint_tool layout prints model_config.h's GPT_PARAMETER_TENSORS for a few
+    configs; data/file_formats.py's PARAMETER_TENSORS (which gpt_reference.py uses) must give the same
+    names, order, shapes, decay, stacking and init.
+Needs build/test/checkpoint_tool (no GPU). Ends with `N passed, N failed`.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+from types import SimpleNamespace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+import file_formats as ff  # noqa: E402
+
+TOOL = os.path.join(ROOT, "build", "test", "checkpoint_tool")
+passed = failed = 0
+
+
+def check(what, ok, detail=""):
+    global passed, failed
+    print(f"  {what:<70} {'ok' if ok else 'FAIL'}  {detail}")
+    passed, failed = passed + ok, failed + (not ok)
+
+
+def main():
+    if not os.access(TOOL, os.X_OK):
+        print(f"error: {TOOL} is not built (make build/test/checkpoint_tool)", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = subprocess.run([TOOL, "formats", tmp], check=True, capture_output=True, text=True).stdout.splitlines()
+        written = {}
+        for line in lines:
+            fmt, field, value = line.split()
+            written.setdefault(fmt, {})[field] = float(value)
+        by_name = {h.name: h for h in ff.FORMATS}
+        check("the same formats on both sides", set(written) == set(by_name),
+              f"C++ {sorted(written)}, Python {sorted(by_name)}")
+        for name, values in written.items():
+            header = by_name.get(name)
+            if header is None:
+                continue
+            fields = {f for f, _, _ in header.fields}
+            check(f"{name}: the same fields", set(values) == fields,
+                  f"only C++: {sorted(set(values) - fields)}, only Python: {sorted(fields - set(values))}")
+            with open(os.path.join(tmp, name + ".bin"), "rb") as f:
+                cpp = f.read()
+            typed = {f: (v if kind == "f4" else int(v)) for f, _, kind in header.fields for g, v in values.items() if g == f}
+            py = header.pack(**typed).tobytes()
+            first = next((i for i in range(len(cpp)) if cpp[i] != py[i]), None) if len(cpp) == len(py) else 0
+            check(f"{name}: Python packs the bytes C++ wrote", cpp == py,
+                  "" if cpp == py else f"first difference at byte {first} (slot {first // 4})")
+            got = header.unpack(cpp)
+            check(f"{name}: Python reads the values C++ wrote", all(got[f] == typed[f] for f in typed), "")
+            check(f"{name}: magic and version are the module's names for them",
+                  got["magic"] == header.magic and got["version"] == header.version, "")
+    for cfg in [(2, 3, 39, 50, 1237, 1280), (12, 12, 768, 1024, 50257, 50304), (1, 1, 1, 1, 1, 1)]:
+        out = subprocess.run([TOOL, "layout", ",".join(map(str, cfg))], check=True, capture_output=True,
+                             text=True).stdout.split("\n")
+        cpp = [line.split() for line in out if line]
+        c = SimpleNamespace(**dict(zip(["L", "NH", "C", "maxT", "V", "Vp"], cfg)))
+        py = []
+        for (name, rows, cols, decay, per_layer, init), (_, shape) in zip(ff.PARAMETER_TENSORS, ff.param_shapes(c)):
+            layers = c.L if per_layer else 1
+            py.append([name, str(layers), str(rows(c)), str(cols(c) if cols else 1), str(int(decay)), str(int(per_layer)),
+                       init])
+            want = ((c.L,) if per_layer else ()) + ((rows(c),) if cols is None else (rows(c), cols(c)))
+            if shape != want:
+                py[-1].append("shape?")
+        check(f"parameter list for L,NH,C,maxT,V,Vp = {cfg}", cpp == py,
+              "" if cpp == py else f"C++ {cpp[:3]}... Python {py[:3]}...")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
