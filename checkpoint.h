@@ -188,6 +188,18 @@ inline bool looks_like_safetensors(const std::string& path) {
     return read && head[8] == '{';
 }
 
+// Where `path` is a Hugging Face model (a folder with config.json or safetensors files, or a
+// safetensors file), how to convert it into a model file; else "".
+inline std::string hugging_face_hint(const std::string& path) {
+    const bool folder = is_folder(path);
+    const bool hf = folder ? file_exists(path + "/config.json") || file_exists(path + "/model.safetensors") ||
+                                 file_exists(path + "/model.safetensors.index.json")
+                           : looks_like_safetensors(path);
+    if (!hf) return "";
+    return std::string("a Hugging Face ") + (folder ? "model folder" : "safetensors file") +
+           "; convert it first: python gpt_reference.py import " + (folder ? path : dirname_of(path)) + " --out model.bin";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checkpoints of a run folder: model_SSSSSSSS.bin and state_SSSSSSSS.bin.
 //

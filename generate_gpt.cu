@@ -68,8 +68,9 @@ int main(int argc, char** argv) {
 
     // The model: a file, or a run folder's newest complete checkpoint.
     std::string path = o.model, error;
-    struct stat st;
-    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    const std::string hf = hugging_face_hint(o.model);
+    if (!hf.empty()) fail("-e %s: %s", o.model.c_str(), hf.c_str());
+    if (is_folder(path)) {
         path.clear();
         for (int step : checkpoint_steps(o.model)) {
             const std::string model = checkpoint_path(o.model, "model", step);

@@ -990,6 +990,8 @@ struct Options {
     int B = 16, T = 1024, max_steps = 100;
     long total_batch = 0;
     float lr = 6e-4f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
+    std::string schedule = "cosine";
+    float wsd_decay = 0.2f;
     int warmup = 10, val_every = 20, val_batches = 20, sample_every = 50, gen_len = 64;
     std::string prompt;
     float temperature = 1.0f;
@@ -1026,7 +1028,10 @@ static void usage(const Options& d) {
            "  -x <int>    optimizer steps, at most 99999999 (checkpoint names hold 8 digits; default %d)\n"
            "  -l <float>  peak learning rate (default %g)\n"
            "  -u <int>    warmup steps, linear from 0 (default %d)\n"
-           "  -q <float>  final learning rate as a fraction of -l, cosine decay (default %g)\n"
+           "  -k <name>   learning-rate schedule after the warm-up: cosine, linear (to -q), constant, or wsd\n"
+           "              (constant until the last -wd of the steps, then 1 - sqrt down to -q) (default %s)\n"
+           "  -q <float>  final learning rate as a fraction of -l (default %g)\n"
+           "  -wd <float> wsd: the fraction of the steps that decays (default %g)\n"
            "  -c <float>  weight decay of matrices and embeddings (default %g)\n"
            "  -gc <float> global gradient-norm clip, 0 = off (default %g)\n"
            "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
@@ -1038,7 +1043,7 @@ static void usage(const Options& d) {
            "  -g <int>    tokens per sample (default %d)\n"
            "  -p <text>   prompt of the samples, after <|endoftext|> (default: none)\n"
            "  -tp <float> sampling temperature, 0 = greedy (default %g)\n"
-           "  -k <int>    sample from the top-k tokens only, 0 = all (default %d)\n"
+           "  -sk <int>   sample from the top-k tokens only, 0 = all (default %d)\n"
            "speed and memory\n"
            "  -fa <0|1>   flash attention where it runs (bf16 builds, head size 64/80/128), else cuBLAS attention (default %d)\n"
            "  -ge <0|1|2> GELU in cuBLASLt matmul epilogues: 0 = separate GELU kernels, 1 = fused in the forward,\n"
@@ -1062,7 +1067,7 @@ static void usage(const Options& d) {
            "SIGTERM or SIGINT (Ctrl-C): the step in progress finishes, a checkpoint is written when -o is set,\n"
            "and the program exits with code 75; a second signal ends it at once.\n",
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
-           d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.final_lr_frac,
+           d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.schedule.c_str(), d.final_lr_frac, d.wsd_decay,
            d.weight_decay, d.grad_clip, d.seed, d.shuffle, d.val_every, d.val_batches, d.sample_every, d.gen_len,
            d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.exp_head, d.profile, d.stall_seconds);
 }
@@ -1099,6 +1104,14 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-l") o.lr = (float)parse_float_flag(fl, v, 0.0, 10.0);
         else if (f == "-u") o.warmup = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-q") o.final_lr_frac = (float)parse_float_flag(fl, v, 0.0, 1.0);
+        else if (f == "-k") {
+            ScheduleKind kind;
+            if (!schedule_kind_from_name(v, &kind))
+                fail("flag -k: expected a schedule, cosine, linear, constant or wsd, got '%s'%s", v,
+                     v[0] >= '0' && v[0] <= '9' ? " (the samples' top-k is -sk)" : "");
+            o.schedule = v;
+        }
+        else if (f == "-wd") o.wsd_decay = (float)parse_float_flag(fl, v, 0.0, 1.0);
         else if (f == "-c") o.weight_decay = (float)parse_float_flag(fl, v, 0.0, 10.0);
         else if (f == "-gc") o.grad_clip = (float)parse_float_flag(fl, v, 0.0, 1e6);
         else if (f == "-v") o.val_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
@@ -1110,7 +1123,7 @@ static Options parse_options(int argc, char** argv) {
             check_prompt_utf8(o.prompt);
         }
         else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);
-        else if (f == "-k") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);
+        else if (f == "-sk") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);
         else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);
         else if (f == "-sh") o.shuffle = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-pf") o.profile = (int)parse_int_flag(fl, v, 0, 1);
@@ -1294,17 +1307,6 @@ static void find_checkpoint(Run& r) {
              o.out_dir.c_str());
 }
 
-// A Hugging Face folder or safetensors file given where a model file is expected: say how to convert.
-static void refuse_hf_model(const std::string& flag, const std::string& path) {
-    const bool folder = is_folder(path);
-    const bool hf = folder ? file_exists(path + "/config.json") || file_exists(path + "/model.safetensors") ||
-                                 file_exists(path + "/model.safetensors.index.json")
-                           : looks_like_safetensors(path);
-    if (hf)
-        fail("%s %s: a Hugging Face %s; convert it first: python gpt_reference.py import %s --out model.bin", flag.c_str(),
-             path.c_str(), folder ? "model folder" : "safetensors file", folder ? path.c_str() : dirname_of(path).c_str());
-}
-
 // The model to start from when nothing is resumed: -e's descriptor (a random init, made later) or
 // model file.
 static void choose_model(Run& r) {
@@ -1314,7 +1316,8 @@ static void choose_model(Run& r) {
     if (r.fresh_init) return;
     if (looks_like_descriptor(o.model) && !file_exists(o.model))
         fail("-e %s: no such model file, and not a model name (d6, d12, d24, d36, d48)", o.model.c_str());
-    refuse_hf_model("-e", o.model);
+    const std::string hf = hugging_face_hint(o.model);
+    if (!hf.empty()) fail("-e %s: %s", o.model.c_str(), hf.c_str());
     std::string error;
     if (!read_model_file(o.model, r.host, &error)) fail("-e %s: %s", o.model.c_str(), error.c_str());
 }
@@ -1391,6 +1394,8 @@ static void open_tokenizer(Run& r) {
         r.sample_context.insert(r.sample_context.end(), p.begin(), p.end());
     }
     r.schedule = LearningRateSchedule{o.lr, o.final_lr_frac, o.warmup, o.max_steps};
+    schedule_kind_from_name(o.schedule.c_str(), &r.schedule.kind);
+    r.schedule.decay_fraction = o.wsd_decay;
     if (r.lead && o.warmup >= o.max_steps && r.start_step < o.max_steps)
         fprintf(stderr, "warning: -u %d warm-up steps of -x %d: the learning rate never reaches -l %g (it peaks at %g)\n",
                 o.warmup, o.max_steps, o.lr, r.schedule.at(o.max_steps - 1));

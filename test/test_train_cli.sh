@@ -106,6 +106,7 @@ set +e
 
 # The valid configuration every check starts from (-b 2 -t 16: 32 tokens per micro-batch).
 base=(-e "$tmp/pt.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok.bin" -b 2 -t 16 -x 3 -u 1)
+nobase_e=(-i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok.bin" -b 2 -t 16 -x 3 -u 1)  # base without -e
 
 report() {  # name ok detail
     if [[ $2 -eq 1 ]]; then
@@ -290,6 +291,12 @@ for prec in fp32 bf16; do
     # ---- checkpoint (-e)
     expect_error "-e missing file" "$tmp/missing.ckpt" "${base[@]}" -e "$tmp/missing.ckpt"
     expect_error "-e unknown descriptor d7 (taken as a file)" "d7" "${base[@]}" -e d7
+    # A Hugging Face folder or safetensors file: one line saying how to convert it.
+    mkdir -p "$tmp/hf_$prec"
+    echo '{"model_type": "gpt2"}' >"$tmp/hf_$prec/config.json"
+    printf '\x10\x00\x00\x00\x00\x00\x00\x00{"__metadata__":{}}' >"$tmp/hf_$prec/model.safetensors"
+    expect_error "-e a Hugging Face folder: convert it with gpt_reference.py import" "gpt_reference.py import" "${nobase_e[@]}" -e "$tmp/hf_$prec"
+    expect_error "-e a safetensors file: convert it with gpt_reference.py import" "gpt_reference.py import" "${nobase_e[@]}" -e "$tmp/hf_$prec/model.safetensors"
     expect_error "-e a folder" "$tmp" "${base[@]}" -e "$tmp"
     expect_error "-e empty file" "$tmp/empty.ckpt" "${base[@]}" -e "$tmp/empty.ckpt"
     expect_error "-e 100 bytes (truncated header)" "$tmp/short.ckpt" "${base[@]}" -e "$tmp/short.ckpt"
@@ -386,6 +393,16 @@ for prec in fp32 bf16; do
     expect_error_after_warnings "-y 1 -sh 0 (checkpoint written at -sh 1): error" 3 "-sh 0" "${rbase[@]}" -o "$d" -y 1 -sh 0
     gen tokens "$tmp/train_other.bin" 3000 --seed 5
     expect_error_after_warnings "-y 1 -i other data of the same size: error" 3 "is not the training data" "${rbase[@]}" -o "$d" -y 1 -i "$tmp/train_other.bin"
+    # The model the folder holds is the first thing to agree on: another -e is refused, naming both;
+    # no -e, or an -e of the same model, resumes.
+    ybase=(-i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok.bin" -t 16 -x 100 -u 1)
+    expect_error_after_warnings "-y 1 -e d24 (the folder holds L=2 C=39): error naming both models" 3 \
+        "holds the model L=2 NH=3 C=39 maxT=50 V=1237; -e d24 is L=24 NH=16 C=1024" "${ybase[@]}" -b 2 -o "$d" -y 1 -e d24
+    expect_error_after_warnings "-y 1 -e d24 -b 1: the model is refused first" 3 "-e d24 is L=24" "${ybase[@]}" -b 1 -o "$d" -y 1 -e d24
+    gen tokens "$tmp/wide.bin" 3000 --seed 2
+    "$PYTHON" gpt_reference.py init --model L=2,NH=3,C=42,V=1237,maxT=50 --seed 1 --out "$tmp/other_$prec.ckpt" >/dev/null
+    expect_error_after_warnings "-y 1 -e another model file: error naming both models" 3 "is L=2 NH=3 C=42" "${ybase[@]}" -b 2 -o "$d" -y 1 -e "$tmp/other_$prec.ckpt"
+    expect_warn_valid "-y 1 without -e resumes" 3 "resuming from step 10" "${ybase[@]}" -b 2 -o "$d" -y 1
     d3=$tmp/resume_broken_$prec
     mkdir -p "$d3"
     edit "$d/model_00000010.bin" "$d3/model_00000010.bin" --flip 3000
