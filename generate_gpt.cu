@@ -12,9 +12,9 @@
 #include "train_gpt.cu"
 
 struct GenerateOptions {
-    std::string model, tokenizer_path = "data/gpt2_tokenizer.bin", prompt;
-    int tokens = 256, flash = 1, print_ids = 0;
-    float temperature = 1.0f;
+    std::string model, tokenizer_path = "data/gpt2_tokenizer.bin", prompt, prompt_file;
+    int tokens = 256, flash = 1, print_ids = 0, stop_at_eot = 0;
+    float temperature = 1.0f, top_p = 1.0f;
     int top_k = 0;
     long seed = 1337;
 };
@@ -25,14 +25,19 @@ static void usage(const GenerateOptions& d) {
            "              newest complete checkpoint\n"
            "  -z <file>   tokenizer (default %s)\n"
            "  -p <text>   prompt, after <|endoftext|> (default: none)\n"
+           "  -pi <file>  the prompt read from a file (UTF-8 text; instead of -p)\n"
            "  -g <int>    tokens to generate (default %d)\n"
            "  -tp <float> temperature, 0 = greedy (default %g; 0.8 is a common choice)\n"
            "  -k <int>    sample from the top-k tokens only, 0 = all (default %d; 200 is a common choice)\n"
+           "  -pp <float> nucleus (top-p): sample from the most likely tokens whose probabilities reach this\n"
+           "              share, 1 = all (default %g; 0.9 is a common choice)\n"
+           "  -eot <0|1>  1 = stop at <|endoftext|>, which is not printed (default %d)\n"
            "  -sd <int>   seed of the sampling (default %ld)\n"
            "  -fa <0|1>   flash attention where it runs (default %d)\n"
            "  -ids <0|1>  also print the generated token ids, on a line `tokens: ...` (default %d)\n"
            "  -h          this help\n",
-           PRECISION_NAME, d.tokenizer_path.c_str(), d.tokens, d.temperature, d.top_k, d.seed, d.flash, d.print_ids);
+           PRECISION_NAME, d.tokenizer_path.c_str(), d.tokens, d.temperature, d.top_k, d.top_p, d.stop_at_eot, d.seed, d.flash,
+           d.print_ids);
 }
 
 int main(int argc, char** argv) {
@@ -49,7 +54,7 @@ int main(int argc, char** argv) {
         const std::string f = argv[i];
         check_flag_pair(argc, argv, i, seen, "-g 100");
         const char *v = argv[i + 1], *fl = argv[i];
-        if ((f == "-e" || f == "-z") && !*v) fail("flag %s: expected a path, got an empty string", fl);
+        if ((f == "-e" || f == "-z" || f == "-pi") && !*v) fail("flag %s: expected a path, got an empty string", fl);
         if (f == "-e") o.model = v;
         else if (f == "-z") o.tokenizer_path = v;
         else if (f == "-p") {
@@ -59,12 +64,28 @@ int main(int argc, char** argv) {
         else if (f == "-g") o.tokens = (int)parse_int_flag(fl, v, 1, 1 << 20);
         else if (f == "-tp") o.temperature = (float)parse_float_flag(fl, v, 0.0, 100.0);
         else if (f == "-k") o.top_k = (int)parse_int_flag(fl, v, 0, 1 << 20);
+        else if (f == "-pp") {
+            o.top_p = (float)parse_float_flag(fl, v, 0.0, 1.0);
+            if (o.top_p <= 0.0f) fail("flag -pp: expected a share in (0, 1], got '%s'", v);
+        }
+        else if (f == "-pi") o.prompt_file = v;
+        else if (f == "-eot") o.stop_at_eot = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);
         else if (f == "-fa") o.flash = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-ids") o.print_ids = (int)parse_int_flag(fl, v, 0, 1);
         else fail("unknown flag %s (-h lists the flags)", argv[i]);
     }
     if (o.model.empty()) fail("give the model with -e (a checkpoint file or a run folder; -h for help)");
+    if (!o.prompt_file.empty()) {
+        bool given_p = false;
+        for (int i = 1; i < argc; i += 2) given_p |= !strcmp(argv[i], "-p");
+        if (given_p) fail("give the prompt with -p or -pi, not both");
+        std::vector<uint8_t> bytes;
+        std::string read_error;
+        if (!read_whole_file(o.prompt_file, bytes, &read_error, uint64_t(16) << 20)) fail("-pi: %s", read_error.c_str());
+        o.prompt.assign(bytes.begin(), bytes.end());
+        check_prompt_utf8(o.prompt);
+    }
 
     // The model: a file, or a run folder's newest complete checkpoint.
     std::string path = o.model, error;
@@ -98,21 +119,23 @@ int main(int argc, char** argv) {
     blas().tune = false;  // few shapes, one run each: tuning would cost more than it saves (same bits)
     gpt_create(m, host, 1, host.config.maxT, settings);
     host.params = std::vector<float>();
-    fprintf(stderr, "model %s: L=%d NH=%d C=%d, %s build | prompt %zu tokens | %d tokens, temperature %g, top-k %d, seed %ld\n",
-            path.c_str(), m.config.L, m.config.NH, m.config.C, PRECISION_NAME, prompt.size(), o.tokens, o.temperature, o.top_k, o.seed);
+    fprintf(stderr, "model %s: L=%d NH=%d C=%d, %s build | prompt %zu tokens | %d tokens, temperature %g, top-k %d, top-p %g, "
+            "seed %ld%s\n", path.c_str(), m.config.L, m.config.NH, m.config.C, PRECISION_NAME, prompt.size(), o.tokens,
+            o.temperature, o.top_k, o.top_p, o.seed, o.stop_at_eot ? ", stops at <|endoftext|>" : "");
     for (size_t i = 1; i < tokens.size(); i++) fputs(tokenizer_decode(tok, tokens[i]).c_str(), stdout);
     Rng rng((uint64_t)o.seed);
     const double start = now_seconds();
-    gpt_generate(m, tokens, o.tokens, SampleOptions{o.temperature, o.top_k}, rng,
-                 [&](int id) { fputs(tokenizer_decode(tok, id).c_str(), stdout); });
+    const int made = gpt_generate(m, tokens, o.tokens, SampleOptions{o.temperature, o.top_k, o.top_p}, rng,
+                                  [&](int id) { fputs(tokenizer_decode(tok, id).c_str(), stdout); }, o.stop_at_eot ? eot : -1);
     const double seconds = now_seconds() - start;
     printf("\n");
     if (o.print_ids) {
         printf("tokens:");
-        for (size_t i = tokens.size() - o.tokens; i < tokens.size(); i++) printf(" %d", tokens[i]);
+        for (size_t i = tokens.size() - made; i < tokens.size(); i++) printf(" %d", tokens[i]);
         printf("\n");
     }
-    fprintf(stderr, "generated %d tokens in %.2f s: %.1f tokens/s\n", o.tokens, seconds, o.tokens / seconds);
+    fprintf(stderr, "generated %d tokens in %.2f s: %.1f tokens/s%s\n", made, seconds, made / seconds,
+            made < o.tokens ? " (stopped at <|endoftext|>)" : "");
     gpt_free(m);
     return 0;
 }

@@ -918,10 +918,17 @@ inline void gpt_save_checkpoint(GPT& m, const std::string& dir, const TrainState
 struct SampleOptions {
     float temperature = 1.0f;  // 0: greedy
     int top_k = 0;             // 0: every id
+    float top_p = 1.0f;        // nucleus: 1 keeps every id top-k kept
 };
 
-// One draw from `logits` (V of them). `scratch` avoids an allocation per token.
-inline int sample_token(const std::vector<float>& logits, const SampleOptions& o, Rng& rng, std::vector<double>& scratch) {
+// One draw from `logits` (V of them). `scratch` and `order` avoid allocations per token. In double:
+// s = logits / temperature; top-k keeps the ids whose s >= the k-th largest (ties kept); p = exp(s -
+// max s) over them; top-p < 1 then keeps the fewest of those ids, taken by p downwards (ties by id
+// upwards), whose p, added in that order, reach top_p times the sum of every kept p (added in id
+// order); the rest get p = 0. A uniform draw r times the sum of p (in id order) walks the ids upwards,
+// subtracting each p, to the first id where r < 0 (the last kept id if rounding never gets there).
+inline int sample_token(const std::vector<float>& logits, const SampleOptions& o, Rng& rng, std::vector<double>& scratch,
+                        std::vector<int>& order) {
     const int V = (int)logits.size();
     if (o.temperature <= 0.0f) return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
     scratch.assign(logits.begin(), logits.end());
@@ -934,13 +941,30 @@ inline int sample_token(const std::vector<float>& logits, const SampleOptions& o
     }
     const double max_s = *std::max_element(scratch.begin(), scratch.end());
     double sum = 0.0;
-    int last_kept = 0;
     for (int v = 0; v < V; v++) {
-        const bool kept = scratch[v] >= cut;
-        scratch[v] = kept ? std::exp(scratch[v] - max_s) : 0.0;
-        if (kept) last_kept = v;
+        scratch[v] = scratch[v] >= cut ? std::exp(scratch[v] - max_s) : 0.0;
         sum += scratch[v];
     }
+    if (o.top_p < 1.0f) {
+        order.clear();
+        for (int v = 0; v < V; v++)
+            if (scratch[v] > 0.0) order.push_back(v);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return scratch[a] > scratch[b]; });
+        const double target = double(o.top_p) * sum;
+        double mass = 0.0;
+        size_t kept = order.size();
+        for (size_t i = 0; i < order.size(); i++)
+            if ((mass += scratch[order[i]]) >= target) {
+                kept = i + 1;
+                break;
+            }
+        for (size_t i = kept; i < order.size(); i++) scratch[order[i]] = 0.0;
+        sum = 0.0;
+        for (int v = 0; v < V; v++) sum += scratch[v];
+    }
+    int last_kept = 0;
+    for (int v = 0; v < V; v++)
+        if (scratch[v] > 0.0) last_kept = v;
     double r = rng.uniform() * sum;
     for (int v = 0; v < V; v++)
         if ((r -= scratch[v]) < 0) return v;
@@ -949,16 +973,17 @@ inline int sample_token(const std::vector<float>& logits, const SampleOptions& o
 
 constexpr int kGenerateBucket = 64;
 
-// Appends `count` tokens to `tokens` (which holds the context, at least one token), calling
-// on_token(id) after each. Uses the model's buffers: a batch of one row of up to min(the buffers' T, maxT).
+// Appends up to `count` tokens to `tokens` (which holds the context, at least one token), calling
+// on_token(id) after each; a drawn `stop` token (>= 0) ends it, neither appended nor passed on. Uses
+// the model's buffers: a batch of one row of up to min(the buffers' T, maxT). Returns the tokens added.
 template <typename F>
-void gpt_generate(GPT& m, std::vector<int>& tokens, int count, const SampleOptions& o, Rng& rng, F on_token) {
+int gpt_generate(GPT& m, std::vector<int>& tokens, int count, const SampleOptions& o, Rng& rng, F on_token, int stop = -1) {
     const GPTConfig& c = m.config;
     const int window = std::min(m.act.T, c.maxT), pad = tokens.empty() ? 0 : tokens.back();
     std::vector<floatX> row(c.Vp);
     std::vector<float> logits(c.V);
     std::vector<double> scratch;
-    std::vector<int> batch;
+    std::vector<int> batch, order;
     for (int i = 0; i < count; i++) {
         const int len = std::min((int)tokens.size(), window);
         const int T = std::min(window, (len + kGenerateBucket - 1) / kGenerateBucket * kGenerateBucket);
@@ -968,9 +993,12 @@ void gpt_generate(GPT& m, std::vector<int>& tokens, int count, const SampleOptio
         gpt_forward(m, 1, T, false, 0.0f);
         cuda_check(cudaMemcpy(row.data(), m.act.acts.logits + size_t(len - 1) * c.Vp, c.Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
         for (int v = 0; v < c.V; v++) logits[v] = to_float(row[v]);
-        tokens.push_back(sample_token(logits, o, rng, scratch));
-        on_token(tokens.back());
+        const int token = sample_token(logits, o, rng, scratch, order);
+        if (token == stop) return i;
+        tokens.push_back(token);
+        on_token(token);
     }
+    return count;
 }
 
 
@@ -1558,7 +1586,7 @@ static void sample(Run& r, int step) {
         for (size_t i = 1; i < tokens.size(); i++) fputs(tokenizer_decode(r.tokenizer, tokens[i]).c_str(), stdout);
     const bool tune = blas().tune;
     blas().tune = false;  // sampling's shapes are not worth a tuning pass (the bits are the same)
-    gpt_generate(r.m, tokens, r.o.gen_len, SampleOptions{r.o.temperature, r.o.top_k}, r.sampler, [&](int id) {
+    gpt_generate(r.m, tokens, r.o.gen_len, SampleOptions{r.o.temperature, r.o.top_k, 1.0f}, r.sampler, [&](int id) {
         if (r.have_tokenizer) fputs(tokenizer_decode(r.tokenizer, id).c_str(), stdout);
         else printf("%d ", id);
     });
