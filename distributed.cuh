@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,6 +160,118 @@ inline std::string dist_rendezvous_address(const Dist& d, const std::string& spe
     if (d.launcher == "srun" && nodes && *nodes) return slurm_first_host(nodes) + ":" + p;
     fail("%d ranks over several nodes: say where rank 0 listens with MASTER_ADDR (its host) and MASTER_PORT, or with "
          "-rz HOST:PORT or -rz file:PATH (a file on a file system every node sees)", d.world);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SHA-256 and HMAC-SHA256 (FIPS 180-4, RFC 2104), for the rendezvous' challenge and response. Each
+// rank hashes a few kilobytes once, so plain code is fast enough; test/test_distributed checks them
+// against the standards' test vectors.
+
+struct Sha256 {
+    uint32_t h[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au, 0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    uint8_t block[64] = {};
+    size_t used = 0;     // bytes waiting in block
+    uint64_t bytes = 0;  // bytes hashed so far
+    void update(const void* data, size_t n) {
+        const uint8_t* p = static_cast<const uint8_t*>(data);
+        bytes += n;
+        while (n > 0) {
+            const size_t k = std::min(n, sizeof(block) - used);
+            memcpy(block + used, p, k);
+            used += k, p += k, n -= k;
+            if (used == sizeof(block)) compress(), used = 0;
+        }
+    }
+    // The digest; the object is spent afterwards.
+    void finish(uint8_t digest[32]) {
+        const uint64_t bits = bytes * 8;
+        uint8_t pad[72] = {0x80};  // 0x80, zeros up to 56 bytes mod 64, then the length in bits, big-endian
+        const size_t zeros = used < 56 ? 56 - used : 120 - used;
+        for (int i = 0; i < 8; i++) pad[zeros + i] = uint8_t(bits >> (56 - 8 * i));
+        update(pad, zeros + 8);
+        for (int i = 0; i < 32; i++) digest[i] = uint8_t(h[i / 4] >> (24 - 8 * (i % 4)));
+    }
+
+  private:
+    static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+    void compress() {
+        static const uint32_t k[64] = {
+            0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+            0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+            0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+            0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+            0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+            0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+            0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+            0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+        uint32_t w[64];
+        for (int i = 0; i < 16; i++)
+            w[i] = uint32_t(block[4 * i]) << 24 | uint32_t(block[4 * i + 1]) << 16 | uint32_t(block[4 * i + 2]) << 8 | block[4 * i + 3];
+        for (int i = 16; i < 64; i++) {
+            const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+            const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+        }
+        uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+        for (int i = 0; i < 64; i++) {
+            const uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+            const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+            hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+        }
+        h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+    }
+};
+
+// HMAC-SHA256 of the concatenated `parts` under `key`.
+inline void hmac_sha256(const std::string& key, const std::vector<std::pair<const void*, size_t>>& parts, uint8_t mac[32]) {
+    uint8_t k[64] = {};  // a key longer than a block is hashed first
+    if (key.size() > sizeof(k)) {
+        Sha256 s;
+        s.update(key.data(), key.size());
+        s.finish(k);
+    } else {
+        memcpy(k, key.data(), key.size());
+    }
+    uint8_t pad[64], inner_digest[32];
+    Sha256 inner, outer;
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
+    inner.update(pad, sizeof(pad));
+    for (const auto& p : parts) inner.update(p.first, p.second);
+    inner.finish(inner_digest);
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x5c;
+    outer.update(pad, sizeof(pad));
+    outer.update(inner_digest, sizeof(inner_digest));
+    outer.finish(mac);
+}
+
+// Compares two MACs in a time that does not depend on where they differ.
+inline bool same_mac(const uint8_t* a, const uint8_t* b) {
+    uint8_t diff = 0;
+    for (int i = 0; i < 32; i++) diff |= a[i] ^ b[i];
+    return diff == 0;
+}
+
+inline std::string hex_string(const uint8_t* p, size_t n) {
+    static const char digits[] = "0123456789abcdef";
+    std::string s;
+    for (size_t i = 0; i < n; i++) s += digits[p[i] >> 4], s += digits[p[i] & 15];
+    return s;
+}
+
+// Text from a peer (a host name, setup words, a reply, a file's contents) as it may be printed:
+// every byte other than printable ASCII becomes \xNN, so no escape sequence reaches a terminal or a log.
+inline std::string printable(const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c >= 0x20 && c < 0x7f) {
+            out += char(c);
+        } else {
+            char esc[5];
+            snprintf(esc, sizeof(esc), "\\x%02x", c);
+            out += esc;
+        }
+    }
+    return out;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 //     train_gpt gathers them) are the whole arrays; M ranks then take back exactly their part
 //   - launchers: rank, world and local rank from torchrun's, mpirun's and srun's variables;
 //     malformed ones are one-line errors; Slurm's node lists
+//   - SHA-256 and HMAC-SHA256 against the standards' test vectors; peer text made printable
 //   - rendezvous (processes on this machine, over TCP and over a file): every rank gets rank 0's id;
 //     a rank started with other flags is refused on every rank, naming what differs; a world-size
 //     mismatch and two processes claiming one rank are errors
@@ -14,6 +15,7 @@
 #include <sys/wait.h>
 
 #include <random>
+#include <tuple>
 
 #include "dev/lab.cuh"
 #include "distributed.cuh"
@@ -111,6 +113,20 @@ static void run_ranks(int world, const std::string& where, const std::vector<std
 static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 static int count_lines(const std::string& s) { return (int)std::count(s.begin(), s.end(), '\n'); }
 
+static std::string hex_of(const uint8_t* p, size_t n) { return hex_string(p, n); }
+static std::string sha256_hex(const std::string& m) {
+    Sha256 s;
+    s.update(m.data(), m.size());
+    uint8_t d[32];
+    s.finish(d);
+    return hex_of(d, 32);
+}
+static std::string hmac_hex(const std::string& key, const std::string& m) {
+    uint8_t d[32];
+    hmac_sha256(key, {{m.data(), m.size()}}, d);
+    return hex_of(d, 32);
+}
+
 int main() {
     setenv("GPT_RENDEZVOUS_TIMEOUT", "10", 1);  // failing cases end in seconds, not minutes
     printf("shards and batch arithmetic\n");
@@ -203,6 +219,50 @@ int main() {
                slurm_first_host("gpu[03-04,07],cpu1") == "gpu03" && slurm_first_host("n1,n2") == "n1" && slurm_first_host("a[9]") == "a9" &&
                slurm_first_host("solo") == "solo");
     }
+    printf("SHA-256 and HMAC-SHA256 (FIPS 180-4 and RFC 4231 test vectors)\n");
+    {
+        const std::pair<std::string, const char*> hashes[] = {
+            {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+            {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+            {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+            {"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu",
+             "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"},
+            {std::string(1000000, 'a'), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"},
+        };
+        for (const auto& h : hashes) {
+            const std::string got = sha256_hex(h.first);
+            report("SHA-256 of " + std::to_string(h.first.size()) + " bytes (" + h.first.substr(0, 8) + (h.first.size() > 8 ? "...)" : ")"),
+                   got == h.second, got);
+        }
+        // The same million bytes fed in uneven pieces: block boundaries inside update().
+        Sha256 s;
+        const std::string a(1000000, 'a');
+        for (size_t at = 0, k = 1; at < a.size(); at += k, k = k % 97 + 1) s.update(a.data() + at, std::min(k, a.size() - at));
+        uint8_t d[32];
+        s.finish(d);
+        report("SHA-256 of the million bytes in pieces of 1 to 97 bytes", hex_of(d, 32) == hashes[4].second);
+        const std::string key131(131, '\xaa');
+        std::string key25;
+        for (int i = 1; i <= 25; i++) key25 += char(i);
+        const std::tuple<const char*, std::string, std::string, const char*> macs[] = {
+            {"1", std::string(20, '\x0b'), "Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+            {"2", "Jefe", "what do ya want for nothing?", "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+            {"3", std::string(20, '\xaa'), std::string(50, '\xdd'), "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"},
+            {"4", key25, std::string(50, '\xcd'), "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"},
+            {"6", key131, "Test Using Larger Than Block-Size Key - Hash Key First",
+             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+            {"7", key131, "This is a test using a larger than block-size key and a larger than block-size data. The key needs to be "
+                          "hashed before being used by the HMAC algorithm.",
+             "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"},
+        };
+        for (const auto& m : macs) {
+            const std::string got = hmac_hex(std::get<1>(m), std::get<2>(m));
+            report(std::string("HMAC-SHA256, RFC 4231 test case ") + std::get<0>(m), got == std::get<3>(m), got);
+        }
+        const std::string shown = printable("gpu\x1b[2J\x07\n\x9b" "7");
+        report("peer text printed: control bytes become \\xNN", shown == "gpu\\x1b[2J\\x07\\x0a\\x9b7", shown);
+    }
+
     printf("rendezvous\n");
     std::vector<int> codes;
     std::vector<std::string> errs;
