@@ -15,8 +15,9 @@
 //   dist_init_nccl     the NCCL communicator and a communication stream, after the GPU is chosen
 //   watchdog           the TCP connections stay open for the whole run: a rank that dies closes them,
 //                      and a thread on every rank notices within a second, as it notices NCCL's
-//                      asynchronous errors and a run that makes no progress for -wt seconds; it then ends
-//                      its rank with one `error:` line. So a failure ends every rank, never a hang.
+//                      asynchronous errors, a run that makes no progress for -wt seconds and rank 0
+//                      working alone (a checkpoint write) for longer than that; it then ends its rank
+//                      with one `error:` line. So a failure ends every rank, never a hang.
 //   dist_finish        a last barrier, then each rank tells rank 0 it is done before closing.
 //
 // Nothing here needs MPI: mpirun and srun only start the processes. With world size 1 nothing here
@@ -101,7 +102,8 @@ struct Dist {
     std::atomic<bool> stopping{false};
     std::atomic<double> last_progress{0.0};
     std::atomic<bool> solo{false};  // rank 0 works alone (writes a checkpoint, samples): the others wait for it
-    int stall_seconds = 0;  // -wt: no progress for this long ends the run (0: never)
+    std::atomic<double> solo_since{0.0};  // when it began (bounded by -wt too)
+    int stall_seconds = 0;  // -wt: no progress, or rank 0 alone, for this long ends the run (0: never)
     cudaStream_t stream = nullptr;  // the gradients' all-reduces run here, beside the backward
 #if !defined(NO_NCCL)
     ncclUniqueId id{};
@@ -1088,36 +1090,66 @@ void dist_rendezvous(Dist& d, const std::string& spec, const std::string& setup,
 // ---------------------------------------------------------------------------------------------
 // The watchdog: one thread per rank (multi-rank runs only).
 
+// Set when the process has begun to exit (fail(), the end of main): the watchdog then ends the rank
+// without a line of its own, so that a rank that failed prints one line, not also a peer's end it
+// sees while its exit runs.
+inline std::atomic<bool>& dist_exiting() {
+    static std::atomic<bool> exiting{false};
+    return exiting;
+}
+
 [[noreturn]] inline void dist_abort(const Dist& d, const std::string& why) {
-    fprintf(stderr, "error: rank %d: %s\n", d.rank, why.c_str());
-    fflush(stderr);
+    // The others learn at once, even where this process cannot end yet (a thread stuck in the kernel,
+    // on a hung file system, keeps its sockets open until it returns).
+    for (int fd : d.peers)
+        if (fd >= 0) shutdown(fd, SHUT_RDWR);
+    if (!dist_exiting().load()) {
+        const std::string line = "error: rank " + std::to_string(d.rank) + ": " + why + "\n";
+        fwrite(line.data(), 1, line.size(), stderr);
+        fflush(stderr);
+    }
     _exit(1);  // from any thread, whatever the GPU is doing: the driver reclaims the context
 }
 
 inline void dist_watch(Dist* dp) {
     Dist& d = *dp;
+    struct Peer {
+        int rank;
+        uint8_t word[4];
+        size_t have;  // bytes of the next word read so far: a word may come in pieces
+    };
     std::vector<pollfd> fds;
-    std::vector<int> ranks;
+    std::vector<Peer> peers;
     for (int r = 0; r < (int)d.peers.size(); r++)
-        if (d.peers[r] >= 0) fds.push_back({d.peers[r], POLLIN, 0}), ranks.push_back(d.rank == 0 ? r : 0);
+        if (d.peers[r] >= 0) fds.push_back({d.peers[r], POLLIN, 0}), peers.push_back({d.rank == 0 ? r : 0, {}, 0});
     while (!d.stopping.load()) {
         const int n = poll(fds.data(), fds.size(), 500);
         if (d.stopping.load()) return;
         for (size_t i = 0; n > 0 && i < fds.size(); i++) {
             if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-            uint32_t word = 0;
-            const bool got = recv_before(fds[i].fd, &word, sizeof(word), HUGE_VAL) == Io::ok;
-            if (got && word == kDistDone && d.rank == 0) {
+            Peer& p = peers[i];
+            const ssize_t k = recv(fds[i].fd, p.word + p.have, sizeof(p.word) - p.have, MSG_DONTWAIT);
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+            if (k <= 0) {
+                if (d.stopping.load()) return;
+                dist_abort(d, "rank " + std::to_string(p.rank) + " ended (its connection closed): ending this rank too");
+            }
+            p.have += size_t(k);
+            if (p.have < sizeof(p.word)) continue;
+            p.have = 0;
+            uint32_t word;
+            memcpy(&word, p.word, sizeof(word));
+            if (word == kDistDone && d.rank == 0) {
                 d.done_count.fetch_add(1);
                 fds[i].fd = -1;  // finished cleanly: its closing is no failure
-                continue;
+            } else if (word == kDistSolo && d.rank != 0) {
+                dist_progress(d);  // rank 0 is busy alone: waiting for it is progress
+            } else {
+                char hex[16];
+                snprintf(hex, sizeof(hex), "0x%08x", word);
+                dist_abort(d, "rank " + std::to_string(p.rank) + " sent " + hex + " on its control connection, no word of this "
+                              "program's: ending this rank");
             }
-            if (got && word == kDistSolo && d.rank != 0) {  // rank 0 is busy alone: waiting for it is progress
-                dist_progress(d);
-                continue;
-            }
-            if (d.stopping.load()) return;
-            dist_abort(d, "rank " + std::to_string(ranks[i]) + " ended (its connection closed): ending this rank too");
         }
 #if !defined(NO_NCCL)
         if (ncclComm_t c = d.comm.load()) {
@@ -1126,7 +1158,11 @@ inline void dist_watch(Dist* dp) {
                 dist_abort(d, std::string("NCCL: ") + ncclGetErrorString(async) + " (another rank failed, or the network did)");
         }
 #endif
-        if (d.rank == 0 && d.solo.load()) {  // tell the others, about every half second
+        if (d.rank == 0 && d.solo.load()) {  // tell the others, about every half second; alone for -wt at most
+            const double alone = now_seconds() - d.solo_since.load();
+            if (d.stall_seconds > 0 && alone > d.stall_seconds)
+                dist_abort(d, "rank 0 has worked alone (a checkpoint write, a sample) for more than -wt " +
+                              std::to_string(d.stall_seconds) + " s: ending this rank");
             dist_progress(d);
             const uint32_t word = kDistSolo;
             for (const pollfd& p : fds)
@@ -1143,6 +1179,8 @@ inline void dist_start_watchdog(Dist& d, int stall_seconds) {
     if (!d.multi()) return;
     d.stall_seconds = stall_seconds;
     dist_progress(d);
+    static bool at_exit = false;
+    if (!at_exit) at_exit = atexit([] { dist_exiting().store(true); }) == 0;
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
@@ -1153,10 +1191,14 @@ inline void dist_start_watchdog(Dist& d, int stall_seconds) {
 }
 
 // Rank 0 alone at work (a checkpoint's files, a sample): the other ranks wait in their next
-// collective, and their watchdogs must not count that as a stall.
+// collective, and their watchdogs must not count that as a stall. The section itself is bounded by
+// -wt: a write to a hung file system ends the run with one line on every rank.
 struct DistSolo {
     Dist& d;
-    explicit DistSolo(Dist& dist) : d(dist) { d.solo.store(d.multi() && d.rank == 0); }
+    explicit DistSolo(Dist& dist) : d(dist) {
+        d.solo_since.store(now_seconds());
+        d.solo.store(d.multi() && d.rank == 0);
+    }
     ~DistSolo() { d.solo.store(false), dist_progress(d); }
 };
 

@@ -17,9 +17,10 @@
 //     a full listen queue and a stale file cannot hold a rank past the timeout
 //   - -rz file: mode 0600 with a per-run nonce, removed on every exit of rank 0 (fail, signal,
 //     success), a live run's file is not taken over, a file naming another run's port is not joined
-//   - messages: a foreign protocol and a malformed file say so
+//   - messages: a foreign protocol and a malformed file say so; a failing rank prints one line
 //   - the watchdog: a rank that dies ends the others within a few seconds with one line; a run that
-//     makes no progress ends; ranks that finish normally end without an error
+//     makes no progress ends; a partial word does not stall it and an unknown word is an error;
+//     rank 0 alone for longer than -wt ends the run; ranks that finish normally end without an error
 // Every rank and stranger is a process or thread on this machine, on loopback; every wait is bounded
 // (children are killed by alarm after kChildSeconds). Ends with `N passed, N failed, N skipped`.
 #include <sys/stat.h>
@@ -226,6 +227,11 @@ struct FakeRank0 {
         thread.join();
         close(fd);
     }
+};
+
+// A process whose exit takes a while (a slow teardown, as CUDA's can be).
+struct SlowExit {
+    ~SlowExit() { std::this_thread::sleep_for(std::chrono::milliseconds(1500)); }
 };
 
 static std::string hex_of(const uint8_t* p, size_t n) { return hex_string(p, n); }
@@ -974,6 +980,18 @@ int main(int argc, char** argv) {
         }, &err);
         report("another program on rank 0's port: 'not this program's rendezvous', not 'closed the connection'",
                code == 1 && one_error(err, "is not this program's rendezvous") && err.find("closed") == std::string::npos, first_line(err));
+        // Rank 1 fails while its exit is slow and rank 0 ends meanwhile: its own line only.
+        Ranks g = run_ranks(2, local(free_port()), {"a", "a"}, [](Dist& d) {
+            static SlowExit slow;  // destroyed after the watchdog's exit hook has run
+            (void)slow;
+            dist_start_watchdog(d, 0);
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            if (d.rank == 1) fail("rank 1 fails on its own");
+            std::this_thread::sleep_for(std::chrono::milliseconds(400));
+            _exit(3);  // rank 0 ends while rank 1 is still exiting
+        });
+        report("a failing rank 1 prints one line, not also rank 0's end", g.codes[1] == 1 && one_error(g.errs[1], "rank 1 fails on its own"),
+               std::to_string(count_lines(g.errs[1])) + " lines: " + first_line(g.errs[1]));
     }
 
     printf("the watchdog\n");
@@ -1000,6 +1018,58 @@ int main(int argc, char** argv) {
         report("rank 0 makes no progress for -wt 1 s: it ends, and so does rank 1",
                g.codes[0] == 1 && one_error(g.errs[0], "no progress for") && g.codes[1] == 1 && count_lines(g.errs[1]) == 1,
                first_line(g.errs[0]));
+        t0 = now_seconds();
+        g = run_ranks(3, local(free_port()), {"a", "a", "a"}, [](Dist& d) {
+            dist_start_watchdog(d, 0);
+            if (d.rank == 1) {  // one byte of a word, then nothing
+                const char byte = 'D';
+                send(d.peers[0], &byte, 1, MSG_NOSIGNAL);
+            }
+            if (d.rank == 2) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(500));
+                _exit(9);
+            }
+            for (int i = 0; i < 400; i++) dist_progress(d), std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        });
+        took = now_seconds() - t0;
+        report("rank 1 sends 1 byte of a word: rank 0's watchdog still sees rank 2 die", g.codes[0] == 1 &&
+               one_error(g.errs[0], "rank 2 ended") && took < 10, std::to_string(int(took)) + " s; " + first_line(g.errs[0]));
+        g = run_ranks(2, local(free_port()), {"a", "a"}, [](Dist& d) {
+            dist_start_watchdog(d, 0);
+            if (d.rank == 1) {
+                const uint32_t word = 0xdeadbeefu;
+                send(d.peers[0], &word, sizeof(word), MSG_NOSIGNAL);
+            }
+            for (int i = 0; i < 200; i++) dist_progress(d), std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        });
+        report("an unknown word from rank 1: rank 0 ends with one line naming it, rank 1 follows", g.codes == std::vector<int>{1, 1} &&
+               one_error(g.errs[0], "sent 0xdeadbeef") && count_lines(g.errs[1]) == 1, first_line(g.errs[0]));
+        t0 = now_seconds();
+        g = run_ranks(2, local(free_port()), {"a", "a"}, [](Dist& d) {
+            dist_start_watchdog(d, 2);  // -wt 2
+            if (d.rank == 0) {
+                DistSolo solo(d);  // a checkpoint write on a hung file system
+                std::this_thread::sleep_for(std::chrono::seconds(30));
+            }
+            std::this_thread::sleep_for(std::chrono::seconds(30));  // rank 1 waits in a collective
+        });
+        took = now_seconds() - t0;
+        report("rank 0 alone for longer than -wt 2 s: one line on every rank", g.codes == std::vector<int>{1, 1} &&
+               one_error(g.errs[0], "worked alone") && one_error(g.errs[1], "rank 0 ended") && took < 7,
+               std::to_string(int(took)) + " s; " + first_line(g.errs[0]) + " | " + first_line(g.errs[1]));
+        g = run_ranks(2, local(free_port()), {"a", "a"}, [](Dist& d) {
+            dist_start_watchdog(d, 3);  // -wt 3
+            if (d.rank == 0) {
+                for (int i = 0; i < 20; i++) dist_progress(d), std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                DistSolo solo(d);  // 2 s alone, within -wt
+                std::this_thread::sleep_for(std::chrono::seconds(2));
+            } else {
+                std::this_thread::sleep_for(std::chrono::seconds(4));  // no progress of its own: rank 0's word keeps it alive
+            }
+            dist_close(d);
+        });
+        report("rank 0 alone for 2 s with -wt 3, rank 1 idle 4 s meanwhile: both end cleanly", g.codes == std::vector<int>{0, 0},
+               g.codes_text() + " " + first_line(g.errs[0] + g.errs[1]));
     }
     return counter.finish();
 }
