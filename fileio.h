@@ -171,7 +171,8 @@ inline bool read_whole_file(const std::string& path, std::vector<uint8_t>& bytes
 // Atomic writes. Temp file in the same folder (rename is atomic only within one file system), every
 // chunk written, fsync, rename over `path`, then fsync of the folder: a crash leaves either the old
 // file or the new one, never half of one, and once this returns true the new name is on disk. On
-// failure the temp file is removed and `path` is untouched.
+// failure the temp file is removed and `path` is untouched. `mode`: the new file's permissions
+// (0600 for a file that only its owner may read).
 
 inline bool sync_folder_of(const std::string& path, std::string* error) {
     const size_t slash = path.find_last_of('/');
@@ -187,7 +188,7 @@ inline bool sync_folder_of(const std::string& path, std::string* error) {
 }
 
 inline bool write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& chunks,
-                              std::string* error) {
+                              std::string* error, mode_t mode = 0644) {
     auto set_error = [&](const char* what, const std::string& target) {
         if (error) *error = std::string(what) + " " + target + ": " + strerror(errno);
         return false;
@@ -195,7 +196,7 @@ inline bool write_file_atomic(const std::string& path, const std::vector<std::pa
     std::string tmp = path + ".tmp.XXXXXX";
     int fd = mkstemp(&tmp[0]);
     if (fd < 0) return set_error("cannot create a temp file for", path);
-    fchmod(fd, 0644);  // mkstemp makes it 0600; a checkpoint is an ordinary file
+    if (mode != 0600) fchmod(fd, mode);  // mkstemp makes it 0600; a checkpoint is an ordinary file (0644)
     auto abandon = [&](const char* what, const std::string& target) {
         set_error(what, target);
         if (fd >= 0) close(fd);

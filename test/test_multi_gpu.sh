@@ -5,7 +5,12 @@
 #                 loss and the first step's norm within 1e-2 (see close); the same
 #                 over sockets alone (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: how nodes without
 #                 InfiniBand talk)
-#   mpirun        where Open MPI is installed: mpirun -np 2 prints the fp32 run's step lines exactly
+#   mpirun        where Open MPI is installed: mpirun -np 2 -x GPT_RUN_SECRET prints the fp32 run's step
+#                 lines exactly
+#   the secret    through each launcher: scripts/launch.sh makes one (none set) and its ranks train; a
+#                 rank given another secret is refused with one line on each rank; srun's variables
+#                 (one node, as srun sets them) with the secret in the environment train as launch.sh's
+#                 run does; mpirun and srun's variables without a secret: one line on each rank
 #   determinism   the 2-GPU run twice: the same step lines and final state file, byte for byte
 #   resume        saved on 2 at step 10, resumed on 2: the same bits as the run never stopped;
 #                 resumed on 1: within the bf16 equivalence bounds
@@ -15,8 +20,9 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-checks=("equivalence fp32" "equivalence bf16" "mpirun" "equivalence over sockets" "determinism" "resume on 2" "resume on 1"
-        "kill one rank" "different flags" "more ranks than GPUs")
+checks=("equivalence fp32" "equivalence bf16" "mpirun" "mpirun without a secret" "launch.sh makes a secret"
+        "another secret on rank 1" "srun's variables" "srun's variables without a secret" "equivalence over sockets" "determinism"
+        "resume on 2" "resume on 1" "kill one rank" "different flags" "more ranks than GPUs")
 passed=0 failed=0 skipped=0
 report() {
     if [[ $2 -eq 1 ]]; then passed=$((passed + 1)); printf '  %-66s ok    %s\n' "$1" "$3"
@@ -100,16 +106,59 @@ for prec in fp32 bf16; do
     timeout 300 scripts/launch.sh 2 ./train_gpt_$prec "${run[@]}" >"$tmp/two_$prec.log" 2>&1
     close "equivalence $prec: 2 GPUs against 1 GPU with accumulation" "$tmp/two_$prec.log" "$tmp/one_$prec.log" $tol
 done
-# Open MPI's mpirun starts the same run (the ranks from OMPI_COMM_WORLD_*; they still meet over TCP).
+# Open MPI's mpirun starts the same run (the ranks from OMPI_COMM_WORLD_*; they still meet over TCP);
+# it passes on the variables -x names, the run secret among them.
+secret=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+short=(-e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 256 -x 2 -v 0 -s 0)
 if mpirun --version 2>&1 | grep -q 'Open MPI'; then
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun -np 2 ./train_gpt_fp32 "${run[@]}" \
-        >"$tmp/mpi.log" 2>&1
-    report "mpirun -np 2: the same printed steps as scripts/launch.sh" \
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    GPT_RUN_SECRET=$secret timeout 300 mpirun -np 2 -x GPT_RUN_SECRET ./train_gpt_fp32 "${run[@]}" >"$tmp/mpi.log" 2>&1
+    report "mpirun -np 2 -x GPT_RUN_SECRET: the same printed steps as scripts/launch.sh" \
         "$(steps_of "$tmp/mpi.log" | grep -q . && cmp -s <(steps_of "$tmp/mpi.log") <(steps_of "$tmp/two_fp32.log") && echo 1 || echo 0)" \
         "$(grep -m1 -E '^error|^data parallel' "$tmp/mpi.log")"
+    env -u GPT_RUN_SECRET timeout 120 mpirun -np 2 ./train_gpt_bf16 "${short[@]}" >"$tmp/mpi_none.log" 2>&1
+    report "mpirun -np 2 without a secret: one line on each rank, no step" \
+        "$([[ $(grep -c '^error: 2 ranks and no run secret' "$tmp/mpi_none.log") -eq 2 ]] && ! grep -q '^step' "$tmp/mpi_none.log" && echo 1 || echo 0)" \
+        "$(grep -m1 '^error' "$tmp/mpi_none.log")"
 else
-    skipped=$((skipped + 1)); printf '  %-66s skipped (no Open MPI mpirun on PATH)\n' "mpirun -np 2"
+    for c in "mpirun -np 2 -x GPT_RUN_SECRET" "mpirun -np 2 without a secret"; do
+        skipped=$((skipped + 1)); printf '  %-66s skipped (no Open MPI mpirun on PATH)\n' "$c"
+    done
 fi
+# The run secret through scripts/launch.sh: one of its own when none is set; a rank given another
+# is dropped at its proof (it says so) and rank 0 counts it when its time is up.
+env -u GPT_RUN_SECRET timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${short[@]}" >"$tmp/secret_own.log" 2>&1
+rc=$?
+report "scripts/launch.sh, no secret set: it makes one, and the 2 ranks train" \
+    "$([[ $rc -eq 0 && $(grep -c '^step ' "$tmp/secret_own.log") -eq 2 ]] && echo 1 || echo 0)" "exit code $rc"
+GPT_RENDEZVOUS_TIMEOUT=20 timeout 120 scripts/launch.sh 2 bash -c \
+    '[[ $RANK == 1 ]] && export GPT_RUN_SECRET=another-secret-0123456789; exec ./train_gpt_bf16 "$@"' launch "${short[@]}" \
+    >"$tmp/secret_other.log" 2>&1
+rc=$?
+report "scripts/launch.sh, rank 1 given another secret: refused, one line on each rank" \
+    "$([[ $rc -ne 0 && $(grep -c '^error' "$tmp/secret_other.log") -eq 2 ]] &&
+        grep -q "^error: rendezvous: rank 0 at .* dropped this rank at its proof" "$tmp/secret_other.log" &&
+        grep -q "^error: rendezvous: 1 of 2 ranks .*1 without the run secret's proof" "$tmp/secret_other.log" && echo 1 || echo 0)" \
+    "$(grep -m1 '^error' "$tmp/secret_other.log")"
+# srun's variables as srun sets them on one node (no Slurm needed): the secret from the environment.
+srun_style() {  # LOG ENV_ARGS...: 2 ranks of the fp32 run (env's own arguments first); rank 0's output in LOG, rank 1's in LOG.1
+    local log=$1 r pids=()
+    shift
+    for r in 0 1; do
+        env "$@" SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_STEP_NUM_NODES=1 \
+            timeout 300 ./train_gpt_fp32 "${run[@]}" >"$log$([[ $r == 1 ]] && echo .1)" 2>&1 &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+}
+srun_style "$tmp/srun.log" GPT_RUN_SECRET="$secret"
+report "srun's variables, GPT_RUN_SECRET in the environment: the same printed steps as scripts/launch.sh" \
+    "$(steps_of "$tmp/srun.log" | grep -q . && cmp -s <(steps_of "$tmp/srun.log") <(steps_of "$tmp/two_fp32.log") && echo 1 || echo 0)" \
+    "$(cat "$tmp/srun.log" "$tmp/srun.log.1" | grep -m1 -E '^error|^data parallel')"
+srun_style "$tmp/srun_none.log" -u GPT_RUN_SECRET
+report "srun's variables without a secret: one line on each rank, no step" \
+    "$([[ $(cat "$tmp/srun_none.log" "$tmp/srun_none.log.1" | grep -c '^error: 2 ranks and no run secret') -eq 2 ]] &&
+        ! grep -q '^step' "$tmp/srun_none.log" && echo 1 || echo 0)" "$(grep -m1 '^error' "$tmp/srun_none.log")"
 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout 300 scripts/launch.sh 2 ./train_gpt_fp32 "${run[@]}" >"$tmp/socket.log" 2>&1
 close "equivalence fp32 over sockets (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)" "$tmp/socket.log" "$tmp/one_fp32.log" 1e-5 20 all
 
