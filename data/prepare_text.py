@@ -554,6 +554,33 @@ def init_worker():
     WORKER_ENCODING = local_encoding()
 
 
+def submit(pool, task):
+    """pool.submit, which may start a worker process, shielded from signals. SIGINT is blocked in this
+    thread meanwhile, and a worker started inherits the block: a Ctrl-C to the process group during
+    its start-up (before init_worker) cannot end it with a traceback. And this process handles
+    SIGINT, SIGTERM and SIGHUP only once the start is complete: cut short, it would leave the new
+    process reading half of its start-up data (a traceback there too)."""
+    caught = []
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in handlers.items():
+        if handler not in (signal.SIG_IGN, None):
+            signal.signal(s, lambda signum, frame: caught.append(signum))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return pool.submit(encode_pieces, task.pieces)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        for s, handler in handlers.items():
+            if handler not in (signal.SIG_IGN, None):
+                signal.signal(s, handler)
+        if caught:
+            handler = handlers[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            else:  # SIG_DFL: the signal's own action
+                os.kill(os.getpid(), caught[0])
+
+
 def encode_pieces(pieces, enc=None):
     """(uint16 tokens, tokens per piece): EOT before each document's first piece, then its text
     encoded as ordinary text."""
@@ -597,7 +624,7 @@ def encoded(items, enc, workers):
                 pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                            initializer=init_worker)
             for i in held:
-                window.append((i, pool.submit(encode_pieces, i.pieces) if isinstance(i, Task) else None))
+                window.append((i, submit(pool, i) if isinstance(i, Task) else None))
             held.clear()
             while len(window) > TASKS_PER_WORKER * workers:
                 yield taken(*window.popleft())

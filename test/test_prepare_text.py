@@ -111,6 +111,20 @@ def split_docs(tokens):
     return [tokens[a + 1:b] for a, b in zip(starts[:-1], starts[1:])], starts[0] == 0
 
 
+def group_processes(pgid):
+    """The live (not zombie) processes of a process group."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(pid))
+    return found
+
+
 def write(path, text=None, data=None):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
@@ -434,6 +448,31 @@ def main():
               streaming and p.returncode == 128 + sig and not err and not os.path.exists(out),
               err[-60:] if err else f"exit code {p.returncode}, folder {'left' if os.path.exists(out) else 'gone'}")
         shutil.rmtree(out, ignore_errors=True)
+
+    # Ctrl-C reaches the whole process group: the workers too. Sent once the 2 workers run.
+    out = os.path.join(tmp, "sig", "out")
+    p = subprocess.Popen([sys.executable, SCRIPT, big, "--out-dir", out, "--tokenizer-out", tok_out, "--workers", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                         env=dict(os.environ, GPT_MIRROR=MIRROR))
+    deadline = time.time() + 60
+    while len(group_processes(p.pid)) < 3 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    started = len(group_processes(p.pid)) >= 3
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        err = p.communicate(timeout=60)[1].strip()
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        err = "hung after the signal: killed"
+    deadline = time.time() + 10
+    while group_processes(p.pid) and time.time() < deadline:
+        time.sleep(0.05)
+    left = group_processes(p.pid)
+    check("SIGINT to the group (Ctrl-C) with 2 workers running: exits 130, no traceback, nothing left",
+          started and p.returncode == 130 and not err and not os.path.exists(out) and not left,
+          err[-60:] if err else f"workers seen: {started}, exit code {p.returncode}, processes left: {len(left)}")
+    shutil.rmtree(out, ignore_errors=True)
 
     print("names with glob characters")
     # A folder named with glob characters: NAME gets "_" for them, so the glob of the README takes
