@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import io
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
 
@@ -58,10 +59,22 @@ def run(args, mirror=MIRROR, script=SCRIPT, timeout=None):
 
 
 def load_script(path):
-    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    """The script as a fresh module, registered under its name so that worker processes, which
+    import it by that name, find the same functions."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def quietly(f, *args):
+    """f(*args) with its stdout and stderr captured: (result, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        result = f(*args)
+    return result, out.getvalue(), err.getvalue()
 
 
 def one_line_error(r, must_mention=""):
@@ -98,6 +111,20 @@ def split_docs(tokens):
     return [tokens[a + 1:b] for a, b in zip(starts[:-1], starts[1:])], starts[0] == 0
 
 
+def group_processes(pgid):
+    """The live (not zombie) processes of a process group."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(pid))
+    return found
+
+
 def write(path, text=None, data=None):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
@@ -105,18 +132,24 @@ def write(path, text=None, data=None):
     return path
 
 
-def main():
-    if not os.path.isfile(os.path.join(MIRROR, "gpt2", "encoder.json")):
-        check(f"mirror present at {MIRROR}", False, "set GPT_MIRROR to the folder of public inputs")
-        finish()
+def reference_encoding():
+    """GPT-2's encoding built by tiktoken's own loader from the mirror's files (independently of
+    data/gpt2_bpe.py)."""
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # tiktoken only reads the local paths below
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
     from tiktoken_ext.openai_public import r50k_pat_str
     ranks = data_gym_to_mergeable_bpe_ranks(os.path.join(MIRROR, "gpt2", "vocab.bpe"),
                                             os.path.join(MIRROR, "gpt2", "encoder.json"))
-    ref = tiktoken.Encoding(name="gpt2-ref", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                            special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=50257)
+    return tiktoken.Encoding(name="gpt2-ref", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=50257)
+
+
+def main():
+    if not os.path.isfile(os.path.join(MIRROR, "gpt2", "encoder.json")):
+        check(f"mirror present at {MIRROR}", False, "set GPT_MIRROR to the folder of public inputs")
+        finish()
+    ref = reference_encoding()
 
     holder = tempfile.TemporaryDirectory(prefix="test_prepare_text.")
     tmp = holder.name
@@ -146,7 +179,7 @@ def main():
                 parts = [p + sep for p in pieces[:-1]] + [pieces[-1]]
             else:
                 parts = text.split(mode)
-            docs += [p for p in parts if p]
+            docs += [p for p in parts if p.strip()]  # empty and whitespace-only ones are skipped
         return docs
 
     def prepare_and_compare(mode, extra, what, val_tokens=None, val_fraction=None):
@@ -216,26 +249,32 @@ def main():
 
     print("streaming")
     # In-process with tiny blocks: reads of 5 bytes cut characters of 2-4 bytes, pieces of 40
-    # characters cut the text at safe places; the tokens must equal those of the whole text at once.
+    # characters cut the text at safe places, tasks of 100 characters go to the workers; the tokens
+    # must equal those of the whole text at once, and the files be the same bytes for 1 and 2 workers.
     prep = load_script(SCRIPT)
     with open(os.path.join(MIRROR, "tinyshakespeare.txt"), encoding="utf-8") as f:
         shakespeare = f.read()[:60000]
     long_text = shakespeare + "".join(file_texts) * 40 + "x" * 300 + " " + "y" * 300  # a long run without cuts
     big = write(os.path.join(tmp, "big", "long.txt"), long_text)
     os.environ["GPT_MIRROR"] = MIRROR
-    prep.READ_BYTES, prep.PIECE_CHARS, prep.BATCH_CHARS = 5, 40, 100
-    cuts = []
-    safe_cut = prep.safe_cut
+    prep.READ_BYTES, prep.PIECE_CHARS, prep.TASK_CHARS = 5, 40, 100
+    cuts, pools = [], []
+    safe_cut, pool_class = prep.safe_cut, prep.ProcessPoolExecutor
     prep.safe_cut = lambda text: cuts.append(safe_cut(text)) or cuts[-1]
-    out = os.path.join(tmp, "stream")
-    with redirect_stdout(io.StringIO()):
-        prep.main([big, "--out-dir", out, "--val-tokens", "100", "--shard-tokens", "5000",
-                   "--tokenizer-out", os.path.join(tmp, "tok.bin")])
-    val_path, shards = outputs(out, "long")
-    stream = np.concatenate([read_token_file(p)[1] for p in [val_path] + shards])
+    prep.ProcessPoolExecutor = lambda *a, **kw: pools.append(a[0]) or pool_class(*a, **kw)
+    files = {}
+    for workers in (1, 2):
+        out = os.path.join(tmp, f"stream_{workers}")
+        quietly(prep.main, [big, "--out-dir", out, "--val-tokens", "100", "--shard-tokens", "5000",
+                            "--workers", str(workers), "--tokenizer-out", os.path.join(tmp, "tok.bin")])
+        val_path, shards = outputs(out, "long")
+        files[workers] = [open(p, "rb").read() for p in [val_path] + shards]
+    stream = np.concatenate([np.frombuffer(b[1024:], dtype="<u2") for b in files[1]])
     want = [EOT] + ref.encode_ordinary(long_text)
     check("tiny reads and pieces: tokens == the whole text encoded at once",
           stream.tolist() == want, f"{len(stream):,} tokens, {sum(1 for c in cuts if c):,} pieces cut")
+    check("tasks of 100 characters: 2 worker processes write the same bytes as 1",
+          files[1] == files[2] and pools == [2], f"{len(files[2])} files, pools started: {pools}")
 
     print("Tiny Shakespeare")
     ts_out = os.path.join(tmp, "ts")
@@ -302,7 +341,7 @@ def main():
         for f in real:
             setattr(os, f, step(f))
         try:
-            with redirect_stdout(io.StringIO()):
+            with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
                 prep.main(args)
         except Killed:
             pass
@@ -410,6 +449,106 @@ def main():
               err[-60:] if err else f"exit code {p.returncode}, folder {'left' if os.path.exists(out) else 'gone'}")
         shutil.rmtree(out, ignore_errors=True)
 
+    # Ctrl-C reaches the whole process group: the workers too. Sent once the 2 workers run.
+    out = os.path.join(tmp, "sig", "out")
+    p = subprocess.Popen([sys.executable, SCRIPT, big, "--out-dir", out, "--tokenizer-out", tok_out, "--workers", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                         env=dict(os.environ, GPT_MIRROR=MIRROR))
+    deadline = time.time() + 60
+    while len(group_processes(p.pid)) < 3 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    started = len(group_processes(p.pid)) >= 3
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        err = p.communicate(timeout=60)[1].strip()
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        err = "hung after the signal: killed"
+    deadline = time.time() + 10
+    while group_processes(p.pid) and time.time() < deadline:
+        time.sleep(0.05)
+    left = group_processes(p.pid)
+    check("SIGINT to the group (Ctrl-C) with 2 workers running: exits 130, no traceback, nothing left",
+          started and p.returncode == 130 and not err and not os.path.exists(out) and not left,
+          err[-60:] if err else f"workers seen: {started}, exit code {p.returncode}, processes left: {len(left)}")
+    shutil.rmtree(out, ignore_errors=True)
+
+    print("names with glob characters")
+    # A folder named with glob characters: NAME gets "_" for them, so the glob of the README takes
+    # its shards, and the -i the program prints (the folder escaped) takes exactly those.
+    odd = os.path.join(tmp, "prep[1]")
+    write(os.path.join(odd, "a.txt"), "one document of a folder named with brackets\n")
+    write(os.path.join(odd, "b.txt"), "and another one, to have a few shards\n")
+    out = os.path.join(tmp, "odd out[2]")
+    r = run([odd, "--out-dir", out, "--val-tokens", "2", "--shard-tokens", "4", "--tokenizer-out", tok_out])
+    on_disk = sorted(os.path.join(out, f) for f in os.listdir(out) if "_train_" in f) if os.path.isdir(out) else []
+    taken = sorted(glob.glob(os.path.join(glob.escape(out), "prep_1__train_*.bin")))
+    check("folder 'prep[1]': NAME 'prep_1_', every shard taken by the escaped glob",
+          r.returncode == 0 and len(on_disk) > 1 and taken == on_disk, f"{len(taken)} of {len(on_disk)} shards")
+    said = [line for line in r.stdout.splitlines() if line.startswith("train on them:")]
+    words = shlex.split(said[0]) if said else []
+    i_arg = words[words.index("-i") + 1] if "-i" in words else ""
+    check("  the -i it prints takes the same shards", said and sorted(glob.glob(i_arg)) == on_disk, i_arg)
+    write(os.path.join(tmp, "lit", "x[1].txt"), "the file named with brackets\n")
+    write(os.path.join(tmp, "lit", "x1.txt"), "the file its name as a glob would match\n")
+    out = os.path.join(tmp, "lit_out")
+    r = run([os.path.join(tmp, "lit", "x[1].txt"), "--out-dir", out, "--val-tokens", "0", "--tokenizer-out", tok_out])
+    _, shards = outputs(out, "x_1_") if os.path.isdir(out) else (None, [])
+    got = read_token_file(shards[0])[1].tolist() if shards else []
+    check("an INPUT that exists is itself, not a glob: x[1].txt, not x1.txt",
+          r.returncode == 0 and got == [EOT] + ref.encode_ordinary("the file named with brackets\n"), r.stderr.strip()[-60:])
+
+    print("what the run says")
+    words = write(os.path.join(tmp, "say", "words.txt"), shakespeare[:20000])
+    write(os.path.join(tmp, "say", "blank.txt"), " \n\t\n  \n")
+    out = os.path.join(tmp, "say_out")
+    r = run([os.path.join(tmp, "say"), "--out-dir", out, "--val-tokens", "1", "--tokenizer-out", tok_out])
+    check("a whitespace-only file is a skipped document; '1 document', '1 token'",
+          r.returncode == 0 and "  1 document, 1 empty or whitespace-only skipped," in r.stdout
+          and "  1 token -> " in r.stdout and "1 documents" not in r.stdout and "1 tokens" not in r.stdout,
+          r.stdout.strip().splitlines()[-4] if r.returncode == 0 else r.stderr.strip()[-60:])
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    check("--val-tokens 1: a warning that no -t validates on it", r.returncode == 0 and len(warned) == 1
+          and "too few for train_gpt's validation at any -t" in warned[0], warned[0][:100] if warned else "no warning")
+    for val, says in (("10", "with -t 9 at most"), ("1024", "with -t 1023 at most"), ("1025", None)):
+        r = run([words, "--out-dir", out, "--val-tokens", val, "--tokenizer-out", tok_out])
+        warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+        if says:
+            ok = r.returncode == 0 and len(warned) == 1 and says in warned[0] and "--val-tokens 1025" in warned[0]
+        else:
+            ok = r.returncode == 0 and not warned
+        check(f"--val-tokens {val}: " + (f"warns, names the largest -t ({says})" if says else "no warning"), ok,
+              warned[0][:100] if warned else r.stderr.strip()[-60:])
+    nul = write(os.path.join(tmp, "nul", "nul.txt"), data=b"\0" * 1000)
+    r = run([nul, "--out-dir", os.path.join(tmp, "nul_out"), "--val-tokens", "0", "--tokenizer-out", tok_out])
+    check("1,000 NUL bytes: encoded, with a warning that the file is likely not text",
+          r.returncode == 0 and "warning: '" + nul + "' holds 1,000 NUL characters: is it text?" in r.stderr,
+          r.stderr.strip()[:100])
+    help_text = run(["-h"]).stdout + load_script(SCRIPT).__doc__
+    advice = [line for line in help_text.splitlines() if "--split-docs line" in line and "JSON" in line]
+    check("no advice to read JSON lines with --split-docs line", "--split-docs" in help_text and not advice,
+          advice[0] if advice else "")
+
+    print("--skip-bad-files in a folder of text")
+    good_dir, mixed_dir = os.path.join(tmp, "text_good"), os.path.join(tmp, "text_mixed")
+    for folder in (good_dir, mixed_dir):
+        write(os.path.join(folder, "1.txt"), shakespeare[:3000])
+        write(os.path.join(folder, "3.txt"), shakespeare[3000:5000])
+    write(os.path.join(mixed_dir, "2.txt"), data=shakespeare[5000:9000].encode("utf-8") + "Größe\n".encode("latin-1"))
+    same = ["--name", "t", "--val-tokens", "20", "--shard-tokens", "300", "--tokenizer-out", tok_out]
+    r_good = run([good_dir, "--out-dir", os.path.join(tmp, "tg_out")] + same)
+    r = run([mixed_dir, "--out-dir", os.path.join(tmp, "tm_out"), "--skip-bad-files"] + same)
+    def folder_bytes(d):
+        return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))} if os.path.isdir(d) else None
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: skipped")]
+    check("a non-UTF-8 file among three: skipped, named, the files of the other two",
+          r_good.returncode == 0 and r.returncode == 0 and folder_bytes(os.path.join(tmp, "tm_out")) ==
+          folder_bytes(os.path.join(tmp, "tg_out")) and len(warned) == 1 and "2.txt' is not UTF-8" in warned[0],
+          warned[0][:100] if warned else r.stderr.strip()[-80:])
+    ok, line = one_line_error(run([mixed_dir, "--out-dir", os.path.join(tmp, "never_tm")] + same), "2.txt' is not UTF-8")
+    check("without the flag: one error line that names the file and the flag", ok and "--skip-bad-files" in line, line)
+
     print("bad inputs: one `error:` line, exit code 1")
     bad = write(os.path.join(tmp, "bad", "latin1.txt"), data="first line\nzweite Zeile: Gr\xf6\xdfe\n".encode("latin-1"))
     empty = write(os.path.join(tmp, "bad", "empty.txt"), data=b"")
@@ -421,7 +560,7 @@ def main():
         ("not UTF-8: says where (byte offset and line)", [bad] + base, "offset 27 (line 2)"),
         ("empty input", [empty] + base, "no text"),
         ("folder without matching files", [os.path.join(tmp, "bad"), "--glob", "*.rst"] + base, "--glob"),
-        ("validation split leaves no training tokens", [tiny, "--val-tokens", "4"] + base, "training tokens"),
+        ("validation split leaves no training tokens", [tiny, "--val-tokens", "4"] + base, "leaves 1 training token of 5"),
         ("--val-fraction 1.5", [tiny, "--val-fraction", "1.5"] + base, "--val-fraction"),
         ("--val-fraction with --val-tokens", [tiny, "--val-fraction", "0.1", "--val-tokens", "1"] + base, "not allowed"),
         ("--shard-tokens 0", [tiny, "--shard-tokens", "0"] + base, "--shard-tokens"),
@@ -430,6 +569,12 @@ def main():
         ("empty --doc-separator", [tiny, "--doc-separator", ""] + base, "--doc-separator"),
         ("unknown flag", [tiny, "--bogus"] + base, "--bogus"),
         ("no input", base, "INPUT"),
+        ("--name with a glob character", [tiny, "--name", "a[1]"] + base, "--name 'a[1]' holds a glob character"),
+        ("--out-dir a file", [tiny, "--out-dir", tiny, "--tokenizer-out", os.path.join(no_out, "tok.bin")],
+         f"--out-dir '{tiny}' is a file, not a folder"),
+        ("--out-dir inside a file", [tiny, "--out-dir", os.path.join(tiny, "sub"),
+                                     "--tokenizer-out", os.path.join(no_out, "tok.bin")],
+         "cannot make the folder (Not a directory)"),
     ]
     pipes = os.path.join(tmp, "pipes")
     os.makedirs(pipes)
