@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import stat
+import sys
 import tempfile
 
 import numpy as np
@@ -139,7 +140,12 @@ def gpt2_mergeable_ranks(encoder_json, vocab_bpe):
 
 
 def gpt2_encoding(encoder_json, vocab_bpe):
-    import tiktoken
+    try:
+        import tiktoken
+    except ImportError as e:  # one line naming the Python make found (scripts/python_check.py)
+        sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+        from python_check import wrong_python_line
+        raise PrepError(wrong_python_line(e)[len("error: "):])
     ranks = gpt2_mergeable_ranks(encoder_json, vocab_bpe)
     return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)

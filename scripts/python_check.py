@@ -26,9 +26,11 @@ def found_python():
     return path or None
 
 
-def wrong_python_line(error, tool):
-    """One line: this Python lacks a package of `tool` (a path relative to the checkout); which one
-    to use instead."""
+def wrong_python_line(error, tool=None):
+    """One line: this Python lacks a package of `tool` (a path relative to the checkout; default: the
+    program running); which one to use instead."""
+    if tool is None:
+        tool = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT) if sys.argv and sys.argv[0] else "..."
     missing = getattr(error, "name", None) or str(error)
     here = sys.executable or "this Python"
     chosen = found_python()
@@ -43,6 +45,6 @@ def wrong_python_line(error, tool):
             f"`$(cat build/python) {tool} ...`")
 
 
-def exit_wrong_python(error, tool):
+def exit_wrong_python(error, tool=None):
     print(wrong_python_line(error, tool), file=sys.stderr)
     sys.exit(1)
