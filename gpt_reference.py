@@ -815,7 +815,7 @@ def hf_config(cfg, dtype):
 # GPT-2's vocabulary its tokenizer as Hugging Face's gpt2 repository ships it (vocab.json and
 # merges.txt are OpenAI's encoder.json and vocab.bpe, byte for byte). config.json comes last: a
 # folder whose export was cut short has none, and no loader takes it for a model.
-HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
 HF_FILES = ("model.safetensors",) + HF_TOKENIZER_FILES + ("generation_config.json", "config.json")
 
 
@@ -833,7 +833,20 @@ def hf_tokenizer_files(cfg):
     config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": cfg.maxT, "add_prefix_space": False,
               "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
               "clean_up_tokenization_spaces": False, "errors": "replace"}
+    # The fast tokenizer's one file (the `tokenizers` library's format), as in Hugging Face's gpt2:
+    # byte-level BPE over the same vocabulary and merges (vocab.bpe's lines after its version line).
+    merges = [line for line in bpe["gpt2/vocab.bpe"].decode("utf-8").split("\n")[1:] if line]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    fast = {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": EOT, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": True, "special": True}],
+            "normalizer": None, "pre_tokenizer": byte_level, "post_processor": dict(byte_level, trim_offsets=False),
+            "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                      "vocab": json.loads(bpe["gpt2/encoder.json"]), "merges": merges}}
     return {"vocab.json": bpe["gpt2/encoder.json"], "merges.txt": bpe["gpt2/vocab.bpe"],
+            "tokenizer.json": (json.dumps(fast, ensure_ascii=False) + "\n").encode(),
             "tokenizer_config.json": (json.dumps(config, indent=2) + "\n").encode()}, None
 
 

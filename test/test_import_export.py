@@ -4,7 +4,11 @@ CPU only, a few seconds. Round trips compare whole checkpoint files byte for byt
 every parameter); the formats are also checked against layouts this test builds itself with numpy
 (Hugging Face's Conv1D (in, out) weights, llm.c's header and bf16 rounding), not only against our
 writer. Then broken, truncated and mismatched inputs (also a FIFO, config.json values of the wrong
-type, non-finite parameters) must fail with one `error:` line, exit code 1.
+type, non-finite parameters) must fail with one `error:` line, exit code 1. Also: config.json settings
+that change the maths are refused by name (the harmless ones imported); files shorter than a header,
+of any size; damaged safetensors files never reach PyTorch's pickle reader; sharded weights (an index
+and its shards) import; a GPT-2-vocabulary export holds the tokenizer's files; and no output replaces
+an input, nor an existing file without --force, nor leaves a temporary file.
 Ends with `N passed, N failed, N skipped`.
 """
 
@@ -429,9 +433,9 @@ def tokenizer_files(p):
     finally:
         os.environ.pop("GPT_MIRROR") if old is None else os.environ.update(GPT_MIRROR=old)
     names = sorted(os.listdir(p("hf_gpt2vocab"))) if rc == 0 else []
-    want = sorted(["config.json", "generation_config.json", "merges.txt", "model.safetensors", "tokenizer_config.json",
-                   "vocab.json"])
-    check("export writes config, generation_config, model, vocab.json, merges.txt, tokenizer_config",
+    want = sorted(["config.json", "generation_config.json", "merges.txt", "model.safetensors", "tokenizer.json",
+                   "tokenizer_config.json", "vocab.json"])
+    check("export writes config, generation_config, model, vocab, merges, tokenizer, tokenizer_config",
           names == want and not err, f"{names} {err.strip()[:60]}")
     if names != want:
         return
@@ -442,6 +446,13 @@ def tokenizer_files(p):
     vocab = json.loads(f("vocab.json"))
     check("vocab.json: 50257 ids 0..50256, <|endoftext|> = 50256",
           sorted(vocab.values()) == list(range(50257)) and vocab.get("<|endoftext|>") == 50256)
+    fast = json.loads(f("tokenizer.json"))
+    merges = read(os.path.join(MIRROR, "gpt2", "vocab.bpe")).decode().split("\n")[1:-1]
+    check("tokenizer.json: byte-level BPE with vocab.json's ids and vocab.bpe's 50000 merges, <|endoftext|> special",
+          fast["model"]["type"] == "BPE" and fast["model"]["vocab"] == vocab and fast["model"]["merges"] == merges
+          and len(merges) == 50000 and fast["pre_tokenizer"]["type"] == "ByteLevel"
+          and fast["pre_tokenizer"]["add_prefix_space"] is False and fast["decoder"]["type"] == "ByteLevel"
+          and [(t["id"], t["content"], t["special"]) for t in fast["added_tokens"]] == [(50256, "<|endoftext|>", True)])
     tok = json.loads(f("tokenizer_config.json"))
     check("tokenizer_config.json: GPT2Tokenizer, <|endoftext|> bos/eos/unk, model_max_length = maxT, no clean-up",
           tok.get("tokenizer_class") == "GPT2Tokenizer" and tok.get("model_max_length") == 64
