@@ -5,10 +5,13 @@ build/python; the `python3` first on PATH may be another one. Each tool a user r
 scripts/*.py, data/prepare_tinyshakespeare.py, dev/cuda/*.py) is run here by a bare virtual
 environment of this Python (no packages at all) and must print one `error:` line naming that Python,
 the missing module and the Python to use (build/python's, or `make build/python` where there is none),
-then exit with code 1: no traceback. CPU only, a few seconds. Ends with `N passed, N failed, N skipped`.
+then exit with code 1: no traceback. The how-tos (README.md, docs/reference_training.md,
+dev/cuda/README.md) must run the tools that way too. CPU only, a few seconds. Ends with
+`N passed, N failed, N skipped`.
 """
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,12 @@ def main():
         ok, line = one_line_error(r.returncode, r.stderr, "no module 'matplotlib'")
         check("scripts/plot_runs.py: reads the CSV, then one line for matplotlib naming the one to use",
               ok and want in r.stderr and "Traceback" not in r.stderr, line)
+        # The how-tos show the form that works: the tools run by build/python's Python, not a bare python3.
+        for doc in ("README.md", "docs/reference_training.md", "dev/cuda/README.md"):
+            with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+                bare_runs = [ln.strip() for ln in f if re.search(r"(^|[\s`(])python3? +[\w./-]+\.py\b", ln)]
+            check(f"{doc}: every Python tool is run as $(cat build/python) TOOL", not bare_runs,
+                  bare_runs[0][:80] if bare_runs else "")
         if chosen:
             r = subprocess.run([chosen, os.path.join(ROOT, "gpt_reference.py"), "-h"], capture_output=True, text=True)
             check("build/python's Python runs gpt_reference.py -h", r.returncode == 0 and r.stdout.startswith("usage:"),
