@@ -411,17 +411,26 @@ def same_file(a, b):
 
 
 def model_inputs(source):
-    """The files that reading the model `source` may open: itself and, for a folder or a Hugging Face
-    file, the files beside it (config.json, shards)."""
-    folder = source if os.path.isdir(source) else os.path.dirname(source) or "."
-    beside = []
+    """The files that reading the model `source` opens: its weights (for a folder, the file
+    read_model_params picks there), and for Hugging Face weights the config.json beside them and,
+    for a sharded index, its shards."""
+    weights = source
+    if os.path.isdir(source):
+        weights = next((os.path.join(source, n) for n in HF_WEIGHTS if os.path.lexists(os.path.join(source, n))), None)
+        if weights is None:
+            return []
     ours = (CHECKPOINT_MAGIC.to_bytes(4, "little"), LLMC_MAGIC.to_bytes(4, "little"))
-    if os.path.isdir(source) or read_head(source, 4) not in ours:
+    if not weights.endswith((".safetensors", ".index.json")) and read_head(weights, 4) in ours:
+        return [weights]
+    folder = os.path.dirname(weights)
+    files = [weights, os.path.join(folder, "config.json")]
+    if weights.endswith(".index.json"):
         try:
-            beside = [os.path.join(folder, name) for name in os.listdir(folder)]
-        except OSError:
-            pass
-    return ([] if os.path.isdir(source) else [source]) + beside
+            with open(weights, encoding="utf-8") as f:
+                files += [os.path.join(folder, str(shard)) for shard in set(json.load(f)["weight_map"].values())]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # reading it will say what is wrong with it
+    return files
 
 
 def check_outputs(flag, value, outputs, inputs, force):
@@ -886,6 +895,13 @@ def write_hf(cfg, params, folder, dtype, replace=True):
             os.unlink(tmp)
     files, no_tokenizer = hf_tokenizer_files(cfg)
     files = dict(files or {})
+    for name in HF_TOKENIZER_FILES:  # a replaced export's tokenizer is not this model's
+        stale = os.path.join(folder, name)
+        if replace and name not in files and os.path.lexists(stale):
+            try:
+                os.unlink(stale)
+            except OSError as e:
+                raise Error(f"cannot remove '{stale}' (another model's tokenizer): {e.strerror}")
     eot = min(EOT, cfg.V - 1)
     files["generation_config.json"] = (json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n").encode()
     files["config.json"] = (json.dumps(hf_config(cfg, dtype), indent=2) + "\n").encode()

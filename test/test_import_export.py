@@ -513,6 +513,19 @@ def overwrites(p, odd):
         ok, line = one_line_error(rc, err, "is the input")
         check(f"export of {what} into its own folder --force: refused, folder unchanged",
               ok and {n: read(o("hf", n)) for n in os.listdir(o("hf"))} == before, line)
+    rc, _, err = ref_cli(["export", p("gpt2vocab.ckpt"), "--out", o("hf2")])
+    rc2, _, err2 = ref_cli(["export", odd, "--out", o("hf2"), "--force"])
+    check("export --force of a V=1237 model over a GPT-2 export: the old tokenizer files are gone",
+          rc == rc2 == 0 and sorted(os.listdir(o("hf2"))) == ["config.json", "generation_config.json", "model.safetensors"],
+          (err + err2).strip()[:80] or str(sorted(os.listdir(o("hf2")))))
+    folder = o("elsewhere")  # an HF file read from a folder that also holds an unrelated file
+    os.makedirs(folder)
+    for name in ("model.safetensors", "config.json"):
+        write(os.path.join(folder, name), read(o("hf", name)))
+    write(os.path.join(folder, "unrelated.bin"), b"old")
+    rc, _, err = ref_cli(["export", os.path.join(folder, "model.safetensors"), "--format", "llmc",
+                          "--out", os.path.join(folder, "unrelated.bin"), "--force"])
+    check("  ... a file beside the input that is not read is no input: --force replaces it", rc == 0, err.strip()[:80])
     rc, _, err = ref_cli(["export", odd, "--out", o("other.ckpt"), "--force"])
     ok, line = one_line_error(rc, err, "is a file")
     check("export --format hf --out an existing file: one line, no errno", ok and "Errno" not in err, line)
