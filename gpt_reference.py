@@ -19,9 +19,9 @@ Subcommands (each has -h):
             read when beside them, a setting that changes the maths refused by name; 124M to 1.5B)
             or an llm.c model file (versions 3 = fp32 and 5 = bf16)
   export    our checkpoint to a Hugging Face folder (model.safetensors, config.json,
-            generation_config.json and, for GPT-2's vocabulary, vocab.json, merges.txt and
-            tokenizer_config.json: what AutoModelForCausalLM and AutoTokenizer.from_pretrained read)
-            or to an llm.c model file
+            generation_config.json and, for GPT-2's vocabulary, vocab.json, merges.txt, tokenizer.json
+            and tokenizer_config.json: what AutoModelForCausalLM and AutoTokenizer.from_pretrained
+            read) or to an llm.c model file
   generate  text from a prompt: the sampler train_gpt's sampling uses (see `sample_next`)
   train     a training run exactly as train_gpt does it (same flags, data order, schedule, clipping,
             AdamW, skipped steps, validation, printed lines), in fp32 with TF32 off, to put beside one of
