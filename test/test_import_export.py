@@ -313,7 +313,7 @@ def config_maths(p, odd, variant):
         folder = variant("maths_" + what, lambda sd: None, value)
         rc, _, err = ref_cli(["import", folder, "--out", p("x.ckpt")])
         ok, line = one_line_error(rc, err, what)
-        check(f"{what} {json.dumps(list(value.values())[0])}: refused by name", ok and "maths" in line, line)
+        check(f"{what} {json.dumps(list(value.values())[0])}: refused by name", ok and "maths" in err, line)
     # reorder_and_upcast_attn computes the same function in fp32 (as ours does): accepted. The tanh
     # GELU under its other names, and the defaults written out, are ours.
     for what, value in (("reorder_and_upcast_attn true", {"reorder_and_upcast_attn": True}),
@@ -346,7 +346,7 @@ def short_files(p, odd):
             rc, _, err = ref_cli(command)
             want = "not a checkpoint" if command[0] == "loss" and "ours" not in what else mention
             ok, line = one_line_error(rc, err, want)
-            check(f"{command[0]}: {what}", ok and path in line and "Traceback" not in err, line)
+            check(f"{command[0]}: {what}", ok and path in err and "Traceback" not in err, line)
 
 
 def damaged_safetensors(p, good_st):
@@ -362,7 +362,7 @@ def damaged_safetensors(p, good_st):
         ok, line = one_line_error(rc, err, path)
         advice = any(s in err for s in ("weights_only", "torch.load", "arbitrary code", "pickle"))
         check(f"{what}: truncated or damaged, no unpickling advice",
-              ok and ("truncated" in line or "damaged" in line) and not advice, line)
+              ok and ("truncated" in err or "damaged" in err) and not advice, line)
     torch.save({"w": np.zeros(3)}, p("damaged", "pytorch_model.bin"))  # a numpy array: not weights-only
     rc, _, err = ref_cli(["import", p("damaged", "pytorch_model.bin"), "--out", p("x.ckpt")])
     ok, line = one_line_error(rc, err, "state dict")
@@ -504,7 +504,7 @@ def overwrites(p, odd):
     rc, _, err = ref_cli(["export", o("in.ckpt"), "--out", o("hf"), "--dtype", "bf16"])
     ok, line = one_line_error(rc, err, "already exists: add --force")
     check("export --format hf into a folder holding an export: refused, names the file",
-          ok and "model.safetensors" in line and read(o("hf", "config.json")) == config, line)
+          ok and "model.safetensors" in err and read(o("hf", "config.json")) == config, line)
     rc, _, err = ref_cli(["export", o("in.ckpt"), "--out", o("hf"), "--dtype", "bf16", "--force"])
     check("  ... with --force: replaced", rc == 0 and b"bfloat16" in read(o("hf", "config.json")), err.strip()[:80])
     for what, source in (("the folder", o("hf")), ("its model.safetensors", o("hf", "model.safetensors"))):

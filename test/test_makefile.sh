@@ -41,6 +41,9 @@ rm -f "$log/running.\$\$"
 T
 chmod +x "$tmp/compile"
 
+# As a user types it: no make above (under `make test` this script inherits its MAKEFLAGS and MAKELEVEL,
+# and the runner's PYTHON, which the Makefile would take for the tree's Python).
+unset MAKEFLAGS MFLAGS MAKELEVEL MAKEOVERRIDES PYTHON
 build() {  # make arguments...: a clean build in the tree; the log folder holds what the compiler saw
     rm -rf "$log"/* && (cd "$tree" && make -s clean NVCC="$tmp/compile" >/dev/null 2>&1 && rm -rf out)
     (cd "$tree" && make NVCC="$tmp/compile" CC="$tmp/compile" GPU_ARCH=90 NCCL=0 "$@" >"$log/make.out" 2>&1)

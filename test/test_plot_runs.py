@@ -153,7 +153,7 @@ def main():
         folder = run_dir(os.path.join(tmp, "bad"), what.replace(" ", "_"), lines)
         rc, _, err = run([a, folder, "-o", os.path.join(tmp, "bad.png")])
         ok, line = one_line_error(rc, err, mention)
-        check(what, ok and os.path.join(folder, "metrics.csv") in line, line)
+        check(what, ok and os.path.join(folder, "metrics.csv") in err, line)
     rc, _, err = run([os.path.join(tmp, "nope"), "-o", os.path.join(tmp, "bad.png")])
     ok, line = one_line_error(rc, err, "nope")
     check("a missing run folder", ok, line)
