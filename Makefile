@@ -1,5 +1,6 @@
 # Build, test and train. `make` builds every program; `make test` runs every test; `make train`
-# prepares the data if missing and trains GPT-2 124M on Tiny Shakespeare. `make -j` is safe.
+# prepares the data if missing and trains GPT-2 124M on Tiny Shakespeare. `make -j` is safe, and
+# `make test` and `make train` build on every core by themselves (a -j given wins).
 #
 # Options (make VAR=value):
 #   GPU_ARCH   compute capability without the dot (90 for H100/H200). Default: read from the local GPU
@@ -15,6 +16,17 @@
 
 NVCC ?= nvcc
 PRECISION ?= BF16
+
+# `make test` and `make train` as typed: the build is most of a first run's time, one nvcc per core.
+# Only at the top level (a sub-make shares its parent's jobs) and where no -j was given: make 4.4
+# shows a command line's -j here; make 4.3 does not, but lets the command line's win over this one.
+ifeq ($(MAKELEVEL),0)
+  ifneq ($(filter test train,$(MAKECMDGOALS)),)
+    ifeq ($(filter -j%,$(MAKEFLAGS)),)
+      MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+    endif
+  endif
+endif
 
 GPU_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
 ifeq ($(strip $(GPU_ARCH)),)

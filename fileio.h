@@ -234,9 +234,11 @@ inline bool write_file_atomic(const std::string& path, const std::vector<std::pa
 // NAME_train_000001.bin, NAME_train_000002.bin, ...). It is read window by window with pread: only
 // the headers are read at open, so a corpus of any size takes a few MB of host memory.
 
-// Paths matching `pattern`, sorted. A pattern without wildcards is taken as a path as it is.
+// Paths matching `pattern`, sorted. A pattern without wildcards, or one that names a path that exists
+// (a folder `run[1]` holds no glob), is taken as that path as it is.
 inline std::vector<std::string> expand_glob(const std::string& pattern) {
-    if (pattern.find_first_of("*?[") == std::string::npos) return {pattern};
+    struct stat st;
+    if (pattern.find_first_of("*?[") == std::string::npos || lstat(pattern.c_str(), &st) == 0) return {pattern};
     std::vector<std::string> paths;
     glob_t g;
     if (glob(pattern.c_str(), 0, nullptr, &g) == 0)

@@ -15,10 +15,13 @@ Subcommands (each has -h):
             token file), computed in fp32 with TF32 off, on the CPU or a GPU
   loss      load checkpoints (ours, e.g. written by train_gpt) and print their losses on one batch
   import    our checkpoint from GPT-2 weights on disk: Hugging Face files (model.safetensors or
-            pytorch_model.bin, or their folder, config.json read when beside them; 124M to 1.5B) or
-            an llm.c model file (versions 3 = fp32 and 5 = bf16)
-  export    our checkpoint to a Hugging Face folder (config.json + model.safetensors, loadable by
-            transformers' GPT2LMHeadModel.from_pretrained) or to an llm.c model file
+            pytorch_model.bin, their sharded form *.index.json + shards, or their folder; config.json
+            read when beside them, a setting that changes the maths refused by name; 124M to 1.5B)
+            or an llm.c model file (versions 3 = fp32 and 5 = bf16)
+  export    our checkpoint to a Hugging Face folder (model.safetensors, config.json,
+            generation_config.json and, for GPT-2's vocabulary, vocab.json, merges.txt, tokenizer.json
+            and tokenizer_config.json: what AutoModelForCausalLM and AutoTokenizer.from_pretrained
+            read) or to an llm.c model file
   generate  text from a prompt: the sampler train_gpt's sampling uses (see `sample_next`)
   train     a training run exactly as train_gpt does it (same flags, data order, schedule, clipping,
             AdamW, skipped steps, validation, printed lines), in fp32 with TF32 off, to put beside one of
@@ -45,6 +48,10 @@ losses of steps 0..K-1 (loss before each update; step 0's is the loss above).
   gradient is clipped to global norm `clip` before each update (torch.nn.utils.clip_grad_norm_);
   clip 0 is off, as in adamw.cuh's clip_factor.
 
+Outputs (init, state, import, export, train -o): an output that is one of the inputs is refused, and
+an existing one is replaced only with --force (train -o: never over a run's checkpoints or
+metrics.csv). Each file is written to a temporary file beside it and renamed into place.
+
 Interchange formats (import / export):
   llm.c model file: 256 int32 header [0] = 20240326, [1] = 3 (fp32 parameters) or 5 (bf16), [2] = maxT,
     [3] = V, [4] = L, [5] = NH, [6] = C, [7] = Vp, then the parameters in our order and shapes.
@@ -57,16 +64,22 @@ import glob
 import json
 import math
 import os
+import re
 import stat
 import sys
 import tempfile
 import time
 import zlib
 
-import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+try:
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+    from python_check import exit_wrong_python
+    exit_wrong_python(e, "gpt_reference.py")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKPOINT_MAGIC, CHECKPOINT_VERSION = 20251101, 1
@@ -322,13 +335,16 @@ def cuda_random_init(cfg, seed):
 # Files. Every write goes to a temporary file in the target folder, then os.replace: a reader never
 # sees half a file.
 
-def write_atomic(path, chunks, crc_slot=None):
+def write_atomic(path, chunks, crc_slot=None, replace=True):
     """Writes the chunks (numpy arrays or bytes). With crc_slot, the first chunk is a 256-int32
-    header whose slot crc_slot is 0; it is set to the crc32 of everything written before the rename."""
+    header whose slot crc_slot is 0; it is set to the crc32 of everything written before the rename.
+    replace=False never replaces a file that is there (see publish). A failure is one Error naming
+    `path` (never the temporary file), and the temporary file is gone."""
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path))
+    tmp = None
     try:
+        make_folder(folder, path)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path))
         with os.fdopen(fd, "wb") as f:
             crc = 0
             for chunk in chunks:
@@ -340,21 +356,102 @@ def write_atomic(path, chunks, crc_slot=None):
                 f.write(np.array([crc], dtype=np.uint32).tobytes())
             f.flush()
             os.fsync(f.fileno())
-        publish(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        publish(tmp, path, replace)
+    except OSError as e:
+        raise Error(f"cannot write '{path}': {e.strerror or one_line(e)}")
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
-def publish(tmp, path):
-    """Gives the temporary file ordinary permissions (mkstemp makes 0600) and renames it to path."""
+def existing_above(folder):
+    """`folder` (absolute) or the nearest folder above it that exists."""
+    while not os.path.lexists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def make_folder(folder, path):
+    """Makes `path`'s folder where it is missing; a file where a folder of it should be is an Error
+    naming that file (os.makedirs would say only "File exists")."""
+    above = existing_above(folder)
+    if not os.path.isdir(above):
+        raise Error(f"cannot write '{path}': '{above}' is a file, not a folder")
+    os.makedirs(folder, exist_ok=True)
+
+
+def publish(tmp, path, replace=True):
+    """Gives the temporary file ordinary permissions (mkstemp makes 0600) and renames it to path.
+    replace=False: as a hard link, which fails where path exists, so a file that appeared since the
+    command's checks is never replaced (a plain rename where the file system has no hard links)."""
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
+    if replace:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise Error(f"'{path}' appeared while it was being written: not replaced (--force replaces it)")
+    except OSError:
+        if os.path.lexists(path):
+            raise Error(f"'{path}' appeared while it was being written: not replaced (--force replaces it)")
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
-def write_checkpoint_params(cfg, params, path):
+def same_file(a, b):
+    """Do two paths name one file (links, '..' and hard links seen through)?"""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def model_inputs(source):
+    """The files that reading the model `source` opens: its weights (for a folder, the file
+    read_model_params picks there), and for Hugging Face weights the config.json beside them and,
+    for a sharded index, its shards."""
+    weights = source
+    if os.path.isdir(source):
+        weights = next((os.path.join(source, n) for n in HF_WEIGHTS if os.path.lexists(os.path.join(source, n))), None)
+        if weights is None:
+            return []
+    ours = (CHECKPOINT_MAGIC.to_bytes(4, "little"), LLMC_MAGIC.to_bytes(4, "little"))
+    if not weights.endswith((".safetensors", ".index.json")) and read_head(weights, 4) in ours:
+        return [weights]
+    folder = os.path.dirname(weights)
+    files = [weights, os.path.join(folder, "config.json")]
+    if weights.endswith(".index.json"):
+        try:
+            with open(weights, encoding="utf-8") as f:
+                files += [os.path.join(folder, str(shard)) for shard in set(json.load(f)["weight_map"].values())]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # reading it will say what is wrong with it
+    return files
+
+
+def check_outputs(flag, value, outputs, inputs, force):
+    """Before any work: an output is never one of the inputs (not even with --force: the input would
+    be gone), nor a folder; an output that exists is replaced only with --force, as Hugging Face's
+    and llm.c's users expect of a converter. `outputs` are paths (value itself, or files in it)."""
+    for out in outputs:
+        where = f"{flag} '{value}'" if out == value else f"{flag} '{value}': '{out}'"
+        for path in inputs:
+            if os.path.lexists(out) and os.path.lexists(path) and same_file(out, path):
+                raise Error(f"{where} is the input '{path}': write to another path")
+        if os.path.isdir(out):
+            raise Error(f"{where} is a folder")
+        above = existing_above(os.path.dirname(os.path.abspath(out)))
+        if not os.path.isdir(above):
+            raise Error(f"{where} cannot be written: '{above}' is a file, not a folder")
+        if os.path.lexists(out) and not force:
+            raise Error(f"{where} already exists: add --force to replace it")
+
+
+def write_checkpoint_params(cfg, params, path, replace=True):
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:8] = [CHECKPOINT_MAGIC, CHECKPOINT_VERSION, cfg.L, cfg.NH, cfg.C, cfg.maxT, cfg.V, cfg.Vp]
     data = []
@@ -362,11 +459,11 @@ def write_checkpoint_params(cfg, params, path):
         if params[name].shape != shape:
             raise Error(f"{name}: shape {params[name].shape}, expected {shape} for {cfg}")
         data.append(np.ascontiguousarray(params[name], dtype=np.float32))
-    write_atomic(path, [header] + data, crc_slot=8)
+    write_atomic(path, [header] + data, crc_slot=8, replace=replace)
 
 
-def write_checkpoint(model, path):
-    write_checkpoint_params(model.cfg, model_params(model), path)
+def write_checkpoint(model, path, replace=True):
+    write_checkpoint_params(model.cfg, model_params(model), path, replace)
 
 
 def regular_file(path, what="file"):
@@ -395,14 +492,27 @@ def check_finite(path, cfg, params):
     return cfg, params
 
 
+def header_ints(f, path, magic, what):
+    """The 256 int32 of the header at f's start. A file too short for it is an error that names the
+    file: as a truncated `what` where its first bytes are `what`'s magic, else as not a `what`."""
+    data = f.read(HEADER_INTS * 4)
+    if len(data) < HEADER_INTS * 4:
+        if len(data) >= 4 and int.from_bytes(data[:4], "little", signed=True) == magic:
+            raise Error(f"{what} '{path}': {len(data)} bytes, shorter than its {HEADER_INTS * 4}-byte header "
+                        f"(truncated?)")
+        raise Error(f"'{path}' is not a {what} ({len(data)} bytes, shorter than a {what}'s "
+                    f"{HEADER_INTS * 4}-byte header)")
+    return np.frombuffer(data, dtype=np.int32)
+
+
 def read_header(path, magic, version, what):
     regular_file(path, what)
     try:
         with open(path, "rb") as f:
-            header = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
+            header = header_ints(f, path, magic, what)
     except OSError as e:
         raise Error(f"cannot read {what} '{path}': {e.strerror}")
-    if header.size != HEADER_INTS or header[0] != magic:
+    if header[0] != magic:
         raise Error(f"'{path}' is not a {what} (bad magic number)")
     if header[1] != version:
         raise Error(f"'{path}': {what} version {header[1]}, expected {version}")
@@ -470,8 +580,8 @@ def read_llmc(path):
     """llm.c's model file (gpt2_write_to_checkpoint): version 3 holds fp32 parameters, 5 bf16."""
     regular_file(path, "llm.c model file")
     with open(path, "rb") as f:
-        h = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
-        if h.size != HEADER_INTS or h[0] != LLMC_MAGIC:
+        h = header_ints(f, path, LLMC_MAGIC, "llm.c model file")
+        if h[0] != LLMC_MAGIC:
             raise Error(f"'{path}' is not an llm.c model file (bad magic number)")
         if int(h[1]) not in LLMC_VERSIONS:
             raise Error(f"llm.c model file '{path}': version {h[1]}, expected 3 (fp32) or 5 (bf16)")
@@ -493,11 +603,11 @@ def to_bf16_bits(a):
     return bf16.view(torch.int16).numpy().view(np.uint16)
 
 
-def write_llmc(cfg, params, path, dtype):
+def write_llmc(cfg, params, path, dtype, replace=True):
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:8] = [LLMC_MAGIC, 3 if dtype == "fp32" else 5, cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, cfg.Vp]
     convert = (lambda a: np.ascontiguousarray(a, dtype=np.float32)) if dtype == "fp32" else to_bf16_bits
-    write_atomic(path, [header] + [convert(params[name]) for name, _ in param_shapes(cfg)])
+    write_atomic(path, [header] + [convert(params[name]) for name, _ in param_shapes(cfg)], replace=replace)
 
 
 # Hugging Face GPT-2 keys (without "transformer."); {} is the layer. Conv1D weights are (in, out).
@@ -515,29 +625,88 @@ def one_line(e):
     return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
+def load_safetensors(path):
+    """{key: torch tensor} of a safetensors file. A file named *.safetensors, or laid out as one, is
+    read by the safetensors library only, never by PyTorch's pickle reader: a damaged one is reported
+    as such."""
+    regular_file(path, "safetensors file")
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError as e:
+        raise Error(f"cannot read safetensors file '{path}': {e.strerror}")
+    n = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
+    if not safetensors_layout(head):
+        raise Error(f"safetensors file '{path}' is damaged: it does not start with a safetensors header "
+                    f"({size} bytes)")
+    if n > size - 8:
+        raise Error(f"safetensors file '{path}' is truncated or damaged: its header says {n} bytes, the file "
+                    f"has {size - 8} after the length")
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise Error(f"'{path}' is a safetensors file: install the safetensors package to read it")
+    try:
+        return load_file(path)
+    except Exception as e:  # the library's own errors: header, size and dtype problems
+        raise Error(f"safetensors file '{path}' is truncated or damaged ({one_line(e)})")
+
+
 def load_hf_state_dict(path):
     """{key: torch tensor} of a model.safetensors or a pytorch_model.bin."""
-    if is_safetensors(path):
-        try:
-            from safetensors.torch import load_file
-        except ImportError:
-            raise Error(f"'{path}' is a safetensors file: install the safetensors package to read it")
-        try:
-            return load_file(path)
-        except Exception as e:  # the library's own errors: header, size and dtype problems
-            raise Error(f"cannot read '{path}' as safetensors ({one_line(e)})")
+    if path.endswith(".safetensors") or safetensors_layout(read_head(path)):
+        return load_safetensors(path)
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip and unpickling errors alike
-        raise Error(f"cannot read '{path}' as a PyTorch state dict ({one_line(e)})")
+        detail = one_line(e)
+        if re.search(r"weights.only", str(e), re.IGNORECASE):
+            # PyTorch's message suggests unpickling arbitrary objects (weights_only=False): never ours
+            # to give. What it found is after "WeightsUnpickler error:".
+            found = str(e).rsplit("WeightsUnpickler error:", 1)
+            detail = "it holds objects other than tensors" + (
+                f": {found[1].strip().splitlines()[0]}" if len(found) == 2 and found[1].strip() else "")
+        raise Error(f"cannot read '{path}' as a PyTorch state dict ({detail})")
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise Error(f"'{path}' holds a {type(sd).__name__}, not a state dict of tensors")
     return sd
 
 
+def load_sharded(index_path):
+    """{key: torch tensor} of Hugging Face's sharded weights: model.safetensors.index.json (or
+    pytorch_model.bin.index.json), whose "weight_map" names the shard file of every tensor, and
+    those shards, beside it. Every tensor must be in the shard the index names, and only there."""
+    regular_file(index_path, "sharded-weights index")
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError("weight_map is not an object of file names")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise Error(f"cannot read '{index_path}' as a sharded-weights index ({one_line(e)})")
+    folder, sd = os.path.dirname(index_path), {}
+    for shard in sorted(set(weight_map.values())):
+        if shard != os.path.basename(shard) or shard in ("", ".", ".."):
+            raise Error(f"'{index_path}': shard '{shard}' is not a file name in its folder")
+        path = os.path.join(folder, shard)
+        if not os.path.lexists(path):
+            raise Error(f"'{index_path}' names shard '{shard}', which is not in {folder or '.'}")
+        for key, t in load_hf_state_dict(path).items():
+            if weight_map.get(key) != shard:
+                where = f"in '{weight_map[key]}'" if key in weight_map else "nowhere"
+                raise Error(f"'{path}' holds {key}, which the index places {where}")
+            sd[key] = t
+    missing = sorted(set(weight_map) - set(sd))
+    if missing:
+        raise Error(f"'{index_path}': {missing[0]} is not in its shard '{weight_map[missing[0]]}'"
+                    f"{f' (nor {len(missing) - 1} more)' if len(missing) > 1 else ''}")
+    return sd
+
+
 def read_hf(path):
     """GPT-2 weights of Hugging Face's GPT2Model / GPT2LMHeadModel (124M ... 1.5B), any float dtype."""
-    sd = load_hf_state_dict(path)
+    sd = load_sharded(path) if path.endswith(".index.json") else load_hf_state_dict(path)
     sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
     for k in [k for k in sd if k.endswith((".attn.bias", ".attn.masked_bias"))]:
         del sd[k]  # causal-mask buffers of older transformers versions, not parameters
@@ -564,11 +733,7 @@ def read_hf(path):
                 raise TypeError(f"layer_norm_epsilon {eps!r} is not a number")
         except (OSError, ValueError, KeyError, TypeError, OverflowError) as e:
             raise Error(f"cannot read '{config_path}' as a GPT-2 config ({one_line(e)})")
-        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise Error(f"'{config_path}': activation_function {hf['activation_function']}; ours is "
-                        f"the tanh GELU (gelu_new)")
-        if not abs(eps - 1e-5) <= 1e-12:  # written so that NaN fails too
-            raise Error(f"'{config_path}': layer_norm_epsilon {eps}; ours is 1e-5")
+        check_hf_maths(hf, config_path, C)
     if NH < 1:
         raise Error(f"'{path}': n_embd {C} is not a multiple of 64 and no config.json gives n_head")
     cfg = config_of(path, L, NH, C, maxT, V)
@@ -597,6 +762,42 @@ def read_hf(path):
     return check_finite(path, cfg, params)
 
 
+# GPT2Model's settings that change what the model computes, with the value that computes ours (and
+# transformers' default). reorder_and_upcast_attn is not among them: it computes the attention scores
+# and softmax in fp32 whatever the model's dtype, the same function (ours computes them in fp32 too);
+# it changes rounding only in fp16 / bf16 inference, so it is accepted.
+HF_MATHS = {
+    "scale_attn_weights": (True, "scores scaled by 1/sqrt(head size)"),
+    "scale_attn_by_inverse_layer_idx": (False, "no extra 1/(layer index + 1) scaling of the scores"),
+    "add_cross_attention": (False, "no cross-attention"),
+}
+# Activations that are GPT-2's tanh GELU: gelu_fast is the same formula with sqrt(2/pi) to 10 digits.
+HF_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+def check_hf_maths(hf, config_path, C):
+    """Refuses, by name, every config.json setting under which transformers' GPT-2 computes another
+    function than ours (layernorm.cuh's epsilon 1e-5, the tanh GELU, an MLP of 4C, plain scaled
+    attention): imported, such a model would run and be silently wrong."""
+    def refuse(setting, ours):
+        raise Error(f"'{config_path}': {setting} changes the model's maths; ours computes {ours}: not imported")
+
+    if hf.get("model_type", "gpt2") != "gpt2":
+        refuse(f"model_type {json.dumps(hf['model_type'])}", "GPT-2 (model_type \"gpt2\")")
+    for key, (value, ours) in HF_MATHS.items():
+        if key in hf and hf[key] is not value:
+            refuse(f"{key} {json.dumps(hf[key])}", ours)
+    activation = hf.get("activation_function", "gelu_new")
+    if activation not in HF_TANH_GELUS:
+        refuse(f"activation_function {json.dumps(activation)}", "GPT-2's tanh GELU (gelu_new)")
+    n_inner = hf.get("n_inner")
+    if n_inner is not None and (isinstance(n_inner, bool) or n_inner != 4 * C):
+        refuse(f"n_inner {json.dumps(n_inner)}", f"an MLP of 4 * n_embd = {4 * C}")
+    eps = hf.get("layer_norm_epsilon", 1e-5)
+    if not abs(eps - 1e-5) <= 1e-12:  # written so that NaN fails too
+        refuse(f"layer_norm_epsilon {eps}", "LayerNorm with epsilon 1e-5 (layernorm.cuh)")
+
+
 def json_int(hf, key):
     """config.json's integer `key`; 12.0 passes, 12.5, true and "12" do not (no silent rounding)."""
     value = hf[key]
@@ -612,15 +813,57 @@ def hf_config(cfg, dtype):
             "vocab_size": cfg.V, "n_positions": cfg.maxT, "n_ctx": cfg.maxT, "n_embd": cfg.C,
             "n_layer": cfg.L, "n_head": cfg.NH, "n_inner": None, "activation_function": "gelu_new",
             "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "scale_attn_weights": True,
+            "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,  # ours trains without dropout
             "bos_token_id": min(EOT, cfg.V - 1), "eos_token_id": min(EOT, cfg.V - 1),
             "tie_word_embeddings": True, "use_cache": True,
             "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype]}
 
 
-def write_hf(cfg, params, folder, dtype):
-    """config.json + model.safetensors (keys as GPT2LMHeadModel.save_pretrained writes them: with
-    "transformer.", Conv1D weights (in, out), the tied lm_head.weight left out, wte cut to V rows)."""
+# What export --format hf writes: the weights, the model's config and generation defaults, and for
+# GPT-2's vocabulary its tokenizer as Hugging Face's gpt2 repository ships it (vocab.json and
+# merges.txt are OpenAI's encoder.json and vocab.bpe, byte for byte). config.json comes last: a
+# folder whose export was cut short has none, and no loader takes it for a model.
+HF_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
+HF_FILES = ("model.safetensors",) + HF_TOKENIZER_FILES + ("generation_config.json", "config.json")
+
+
+def hf_tokenizer_files(cfg):
+    """{file name: bytes} of GPT-2's tokenizer for AutoTokenizer.from_pretrained, or (None, why not)."""
+    if cfg.V != 50257:
+        return None, f"V={cfg.V} is not GPT-2's vocabulary (50257)"
+    sys.path.insert(0, os.path.join(HERE, "data"))
+    import gpt2_bpe
+    try:
+        bpe = gpt2_bpe.local_bpe_files()
+    except gpt2_bpe.PrepError as e:
+        return None, str(e)
+    # decode(encode(text)) == text, as tiktoken's: no clean-up of spaces before punctuation.
+    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": cfg.maxT, "add_prefix_space": False,
+              "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+              "clean_up_tokenization_spaces": False, "errors": "replace"}
+    # The fast tokenizer's one file (the `tokenizers` library's format), as in Hugging Face's gpt2:
+    # byte-level BPE over the same vocabulary and merges (vocab.bpe's lines after its version line).
+    merges = [line for line in bpe["gpt2/vocab.bpe"].decode("utf-8").split("\n")[1:] if line]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    fast = {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": EOT, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": True, "special": True}],
+            "normalizer": None, "pre_tokenizer": byte_level, "post_processor": dict(byte_level, trim_offsets=False),
+            "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                      "vocab": json.loads(bpe["gpt2/encoder.json"]), "merges": merges}}
+    return {"vocab.json": bpe["gpt2/encoder.json"], "merges.txt": bpe["gpt2/vocab.bpe"],
+            "tokenizer.json": (json.dumps(fast, ensure_ascii=False) + "\n").encode(),
+            "tokenizer_config.json": (json.dumps(config, indent=2) + "\n").encode()}, None
+
+
+def write_hf(cfg, params, folder, dtype, replace=True):
+    """model.safetensors (keys as GPT2LMHeadModel.save_pretrained writes them: with "transformer.",
+    Conv1D weights (in, out), the tied lm_head.weight left out, wte cut to V rows), the tokenizer files
+    where the vocabulary is GPT-2's, generation_config.json and config.json. Returns the names
+    written, and why there is no tokenizer (None where there is one)."""
     try:
         from safetensors.torch import save_file
     except ImportError:
@@ -634,55 +877,84 @@ def write_hf(cfg, params, folder, dtype):
             t = t.t() if name in HF_CONV1D else t
             key = "transformer." + HF_KEYS[name].format(i)
             tensors[key] = t.contiguous().to(torch.float32 if dtype == "fp32" else torch.bfloat16)
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_model.safetensors")
-    os.close(fd)
+    target, tmp = os.path.join(folder, "model.safetensors"), None
     try:
+        make_folder(os.path.abspath(folder), target)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_model.safetensors")
+        os.close(fd)
         save_file(tensors, tmp, metadata={"format": "pt"})
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        publish(tmp, os.path.join(folder, "model.safetensors"))
-    except BaseException:
-        os.unlink(tmp)
+        publish(tmp, target, replace)
+    except Error:
         raise
-    text = json.dumps(hf_config(cfg, dtype), indent=2) + "\n"
-    write_atomic(os.path.join(folder, "config.json"), [text.encode()])
+    except Exception as e:  # OSError, or the library's own error for a full disk
+        raise Error(f"cannot write '{target}': {getattr(e, 'strerror', None) or one_line(e)}")
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
+            os.unlink(tmp)
+    files, no_tokenizer = hf_tokenizer_files(cfg)
+    files = dict(files or {})
+    for name in HF_TOKENIZER_FILES:  # a replaced export's tokenizer is not this model's
+        stale = os.path.join(folder, name)
+        if replace and name not in files and os.path.lexists(stale):
+            try:
+                os.unlink(stale)
+            except OSError as e:
+                raise Error(f"cannot remove '{stale}' (another model's tokenizer): {e.strerror}")
+    eot = min(EOT, cfg.V - 1)
+    files["generation_config.json"] = (json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n").encode()
+    files["config.json"] = (json.dumps(hf_config(cfg, dtype), indent=2) + "\n").encode()
+    for name in HF_FILES[1:]:
+        if name in files:
+            write_atomic(os.path.join(folder, name), [files[name]], replace=replace)
+    return ["model.safetensors"] + [name for name in HF_FILES[1:] if name in files], no_tokenizer
 
 
-def is_safetensors(path):
-    """8-byte little-endian header length, then a JSON header that fits the file."""
+SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
+
+
+def safetensors_layout(head):
+    """Do a file's first 9 bytes start a safetensors file: an 8-byte little-endian header length in
+    the format's range, then the JSON header's '{'?"""
+    return (len(head) >= 9 and head[8:9] == b"{"
+            and 2 <= int.from_bytes(head[:8], "little") <= SAFETENSORS_MAX_HEADER)
+
+
+def read_head(path, n=9):
+    """The first n bytes of a regular file."""
     regular_file(path, "model file")
     try:
         with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            return 0 < n <= os.path.getsize(path) - 8 and f.read(1) == b"{"
-    except OSError:
-        return False
+            return f.read(n)
+    except OSError as e:
+        raise Error(f"cannot read '{path}': {e.strerror}")
+
+
+# A Hugging Face folder's weights, in the order transformers prefers them.
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def read_model_params(source):
     """(Config, params) of any model file we read: ours, llm.c's, Hugging Face's (a file or its
     folder). Told apart by content, not by name (llm.c's and PyTorch's are both *.bin)."""
     if os.path.isdir(source):
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            if os.path.isfile(os.path.join(source, name)):
+        for name in HF_WEIGHTS:
+            if os.path.lexists(os.path.join(source, name)):
                 return read_hf(os.path.join(source, name))
-        raise Error(f"folder '{source}' holds no model.safetensors or pytorch_model.bin")
-    regular_file(source, "model file")
-    try:
-        with open(source, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise Error(f"cannot read '{source}': {e.strerror}")
+        raise Error(f"folder '{source}' holds no {', '.join(HF_WEIGHTS[:-1])} or {HF_WEIGHTS[-1]}")
+    if source.endswith((".safetensors", ".index.json")):  # by name: never handed to the pickle reader
+        return read_hf(source)
+    head = read_head(source)
     magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
     if magic == CHECKPOINT_MAGIC:
         return read_checkpoint_params(source)
     if magic == LLMC_MAGIC:
         return read_llmc(source)
-    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80" or is_safetensors(source):  # zip or pickle: torch.save
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80" or safetensors_layout(head):  # torch.save: zip or pickle
         return read_hf(source)
     raise Error(f"'{source}' is not a model file we read (ours, llm.c's, a Hugging Face "
-                f"model.safetensors / pytorch_model.bin or their folder)")
+                f"model.safetensors / pytorch_model.bin, their sharded index, or their folder)")
 
 
 def load_model(source, device="cpu"):
@@ -725,35 +997,51 @@ def num_real_params(cfg):
 
 def cmd_init(args):
     if args.from_hf:
+        check_outputs("--out", args.out, [args.out], model_inputs(args.from_hf), args.force)
         cfg, params = read_model_params(args.from_hf)
-        write_checkpoint_params(cfg, params, args.out)
+        write_checkpoint_params(cfg, params, args.out, replace=args.force)
         print(f"wrote {args.out}: {cfg}, {num_real_params(cfg)} parameters")
         return
+    model_cfg = parse_model(args.model)
+    check_outputs("--out", args.out, [args.out], [], args.force)
     torch.manual_seed(args.seed)
-    model = GPT(parse_model(args.model))
+    model = GPT(model_cfg)
     random_init(model, args.seed)
-    write_checkpoint(model, args.out)
+    write_checkpoint(model, args.out, replace=args.force)
     print(f"wrote {args.out}: {model.cfg}, {num_real_params(model.cfg)} parameters")
 
 
 def cmd_import(args):
+    check_outputs("--out", args.out, [args.out], model_inputs(args.source), args.force)
     cfg, params = read_model_params(args.source)
-    write_checkpoint_params(cfg, params, args.out)
+    write_checkpoint_params(cfg, params, args.out, replace=args.force)
     print(f"wrote {args.out}: {cfg}, {num_real_params(cfg)} parameters (from {args.source})")
 
 
 def cmd_export(args):
+    inputs = model_inputs(args.checkpoint)
+    if args.format == "hf":
+        if os.path.lexists(args.out) and not os.path.isdir(args.out):
+            raise Error(f"--out '{args.out}' is a file; --format hf writes a folder ({', '.join(HF_FILES)})")
+        outputs = [os.path.join(args.out, name) for name in HF_FILES]
+    else:
+        outputs = [args.out]
+    check_outputs("--out", args.out, outputs, inputs, args.force)
     cfg, params = read_model_params(args.checkpoint)
     if args.format == "hf":
-        write_hf(cfg, params, args.out, args.dtype)
-        print(f"wrote {args.out}/config.json and {args.out}/model.safetensors ({args.dtype}): {cfg}")
+        written, no_tokenizer = write_hf(cfg, params, args.out, args.dtype, replace=args.force)
+        if no_tokenizer:
+            print(f"warning: no tokenizer files in {args.out}: {no_tokenizer}", file=sys.stderr)
+        print(f"wrote {args.out}/: {', '.join(written)} ({args.dtype}): {cfg}")
     else:
-        write_llmc(cfg, params, args.out, args.dtype)
+        write_llmc(cfg, params, args.out, args.dtype, replace=args.force)
         print(f"wrote {args.out}: llm.c model file version {3 if args.dtype == 'fp32' else 5} "
               f"({args.dtype}): {cfg}")
 
 
 def cmd_state(args):
+    check_outputs("--out", args.out, [args.out], [args.checkpoint] + ([args.tokens] if args.tokens else []),
+                  args.force)
     device = pick_device(args.device)
     model = read_checkpoint(args.checkpoint, device)
     cfg = model.cfg
@@ -782,7 +1070,7 @@ def cmd_state(args):
     header.view(np.float32)[16:22] = [args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
                                       args.clip]
     write_atomic(args.out, [header, x.cpu().numpy().astype(np.int32), y.cpu().numpy().astype(np.int32),
-                            logits0, np.float32([loss0])] + grads + [np.float32(losses)])
+                            logits0, np.float32([loss0])] + grads + [np.float32(losses)], replace=args.force)
     print(f"wrote {args.out}: B={args.batch} T={args.seq} K={args.steps} on {device}, loss {loss0:.6f}")
 
 
@@ -887,9 +1175,15 @@ class TokenStream:
         return np.concatenate(out) if out else np.zeros(0, np.uint16)
 
 
+def expand_glob(pattern):
+    """The paths of a -i / -j pattern, as fileio.h's expand_glob: a path that exists is itself (a
+    folder named `run[1]` holds no glob), else the glob's matches, sorted."""
+    return [pattern] if os.path.lexists(pattern) else sorted(glob.glob(pattern))
+
+
 def read_token_files(pattern, V, flag):
     """The token files of a glob pattern, sorted by path, as one stream."""
-    paths = [pattern] if os.path.isfile(pattern) else sorted(glob.glob(pattern))
+    paths = expand_glob(pattern)
     if not paths:
         raise Error(f"{flag} '{pattern}': no such file")
     parts = []
@@ -978,11 +1272,11 @@ def validation_beside(train):
 
 
 def cmd_train(a):
-    if a.i is not None and not glob.glob(a.i):  # -i first, as train_gpt, before the -j it implies
+    if a.i is not None and not expand_glob(a.i):  # -i first, as train_gpt, before the -j it implies
         raise Error(f"-i {a.i}: no file matches")
     if a.v > 0 and a.j is None and a.i is not None:  # as train_gpt: the validation data beside -i's
         a.j = validation_beside(a.i)
-        found = [a.j] if a.j and os.path.isfile(a.j) else sorted(glob.glob(a.j)) if a.j else []
+        found = expand_glob(a.j) if a.j else []
         if not found:
             looked = f" (looked for '{a.j}')" if a.j else ""
             raise Error(f"-i {a.i}: no validation data beside it{looked}: give -j, or -v 0 to train without validation")
@@ -994,6 +1288,10 @@ def cmd_train(a):
         if os.path.lexists(os.path.join(a.o, "metrics.csv")):
             raise Error(f"-o {a.o}: '{os.path.join(a.o, 'metrics.csv')}' already exists (another run's): remove it "
                         f"or give another -o")
+        held = sorted(glob.glob(os.path.join(glob.escape(a.o), "model_*.bin")))
+        if held:  # as train_gpt: a run folder's checkpoints are never written over
+            raise Error(f"-o {a.o}: the folder already holds checkpoints (newest: {os.path.basename(held[-1])}): "
+                        f"give another -o")
     device = pick_device(a.device)
     if a.e in GPT2_DESCRIPTORS:
         cfg = parse_model(a.e)
@@ -1095,7 +1393,7 @@ def cmd_train(a):
             validate(a.x)
         if a.o:
             path = os.path.join(a.o, f"model_{a.x:08d}.bin")
-            write_checkpoint(model, path)
+            write_checkpoint(model, path, replace=False)
             print(f"checkpoint: wrote {path}")
         print(f"done: {a.x} steps in {time.time() - start:.1f} s | final train loss {train_loss:.6f} | "
               f"val loss {last_val:.6f}")
@@ -1127,6 +1425,11 @@ def ranged(kind, lo, hi, below_hi=False):
 SEED = ranged(int, 0, 2**64 - 1)  # what torch.manual_seed and splitmix64 take
 
 
+def force_arg(q):
+    q.add_argument("--force", action="store_true",
+                   help="replace an output that exists (an output that is an input is refused all the same)")
+
+
 def main(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                epilog="Each subcommand has -h. Formats and details: the top of gpt_reference.py.")
@@ -1137,6 +1440,7 @@ def main(argv=None):
     init.add_argument("--seed", type=SEED, default=1337, help="init seed (default 1337)")
     init.add_argument("--from-hf", metavar="SOURCE", help="same as `import SOURCE` (any file import reads)")
     init.add_argument("--out", required=True, help="checkpoint to write")
+    force_arg(init)
 
     def batch_args(q, many=False):
         if many:
@@ -1165,22 +1469,27 @@ def main(argv=None):
     state.add_argument("--clip", type=ranged(float, 0.0, 1e6), default=1.0,
                        help="global gradient-norm clip, 0 = off (default 1.0)")
     state.add_argument("--out", required=True, help="reference-state file to write")
+    force_arg(state)
 
     loss = sub.add_parser("loss", help="print checkpoints' losses on one batch, a line `loss X` each, in order")
     batch_args(loss, many=True)
 
     imp = sub.add_parser("import", help="our checkpoint from Hugging Face GPT-2 files or an llm.c model file")
     imp.add_argument("source", metavar="SOURCE",
-                     help="model.safetensors, pytorch_model.bin, their folder, or an llm.c model file")
+                     help="model.safetensors, pytorch_model.bin, a *.index.json of shards, their folder, "
+                          "or an llm.c model file")
     imp.add_argument("--out", required=True, metavar="FILE", help="checkpoint to write")
+    force_arg(imp)
 
     exp = sub.add_parser("export", help="a checkpoint to a Hugging Face folder or an llm.c model file")
     exp.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint (or any file import reads)")
     exp.add_argument("--out", required=True, metavar="PATH", help="folder (hf) or file (llmc) to write")
     exp.add_argument("--format", default="hf", choices=["hf", "llmc"],
-                     help="hf: config.json + model.safetensors; llmc: llm.c model file (default hf)")
+                     help="hf: a folder of model.safetensors, config.json and the tokenizer's files; "
+                          "llmc: llm.c model file (default hf)")
     exp.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                      help="parameter type; llmc: fp32 = version 3, bf16 = version 5 (default fp32)")
+    force_arg(exp)
 
     gen = sub.add_parser("generate", help="sample text from a model")
     gen.add_argument("--checkpoint", "-e", required=True, metavar="FILE", help="checkpoint (or any file import reads)")
@@ -1246,11 +1555,22 @@ def main(argv=None):
         raise Error(f"{args.command}: out of memory ({one_line(e)}): use a smaller model or batch")
 
 
+def error_line(e):
+    """The one line an Error or an OSError ends the program with. An OSError says what failed on
+    which path, without Python's `[Errno N]` and without a temporary file's name (its folder instead)."""
+    if not isinstance(e, OSError):
+        return f"error: {e}"
+    name = e.filename
+    if name is not None and os.path.basename(str(name)).startswith(".tmp_"):
+        name = os.path.dirname(str(name)) or "."
+    return f"error: {e.strerror or one_line(e)}" + (f": '{name}'" if name is not None else "")
+
+
 if __name__ == "__main__":
     try:
         main()
     except (Error, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C: temporary files are removed on the way out, metrics.csv keeps its rows
         print("error: interrupted", file=sys.stderr)

@@ -3,6 +3,7 @@
   gpt2_encoding(encoder_json, vocab_bpe)   a tiktoken Encoding built from OpenAI's two GPT-2 files
   local_encoding()                         the same, from the files on disk ($GPT_MIRROR/gpt2/ or
                                            data/mirror/gpt2/, sha256-checked); never downloads
+  local_bpe_files()                        those two files' bytes (Hugging Face's vocab.json, merges.txt)
   write_tokenizer(enc, path)               llm.c's tokenizer file (magic 20240328, version 2)
   token_file_header(count)                 llm.c's token-file header (magic 20240520, version 1)
   atomic_write(path, chunks)               temp file in the same folder, fsync, rename, fsync the folder
@@ -19,6 +20,7 @@ import json
 import os
 import signal
 import stat
+import sys
 import tempfile
 
 import numpy as np
@@ -138,7 +140,12 @@ def gpt2_mergeable_ranks(encoder_json, vocab_bpe):
 
 
 def gpt2_encoding(encoder_json, vocab_bpe):
-    import tiktoken
+    try:
+        import tiktoken
+    except ImportError as e:  # one line naming the Python make found (scripts/python_check.py)
+        sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+        from python_check import wrong_python_line
+        raise PrepError(wrong_python_line(e)[len("error: "):])
     ranks = gpt2_mergeable_ranks(encoder_json, vocab_bpe)
     return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
@@ -147,8 +154,13 @@ def gpt2_encoding(encoder_json, vocab_bpe):
 def local_encoding():
     """GPT-2's encoding from $GPT_MIRROR/gpt2/ if set, else data/mirror/gpt2/ (where
     prepare_tinyshakespeare.py downloads them); each file sha256-checked. Never downloads."""
+    return gpt2_encoding(*local_bpe_files().values())
+
+
+def local_bpe_files():
+    """{name: bytes} of BPE_FILES, read as local_encoding reads them."""
     mirror = os.environ.get("GPT_MIRROR") or os.path.join(HERE, "mirror")
-    contents = []
+    contents = {}
     for name, (_, want) in BPE_FILES.items():
         path = os.path.join(mirror, name)
         try:
@@ -162,8 +174,8 @@ def local_encoding():
                             f"(it downloads them into data/mirror/)")
         if sha256(data) != want:
             raise PrepError(f"{path}: sha256 {sha256(data)}, expected {want} (corrupt or different file)")
-        contents.append(data)
-    return gpt2_encoding(*contents)
+        contents[name] = data
+    return contents
 
 
 def header(magic, version, count, extra=0):

@@ -22,7 +22,12 @@ import os
 import sys
 import urllib.request
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+    from python_check import exit_wrong_python
+    exit_wrong_python(e, "data/prepare_tinyshakespeare.py")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # gpt2_bpe beside this file, also when a test imports this script by path

@@ -11,9 +11,14 @@ import statistics
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from python_check import exit_wrong_python
+    exit_wrong_python(e, "scripts/bench_torch_gpt.py")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpt_reference as ref  # noqa: E402

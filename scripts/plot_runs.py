@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Plots training runs side by side: loss and tokens/s against step, one colour per run.
 
-    python scripts/plot_runs.py RUN_DIR [RUN_DIR ...] -o runs.png
+    $(cat build/python) scripts/plot_runs.py RUN_DIR [RUN_DIR ...] -o runs.png   (or .svg, .pdf)
 
 Each RUN_DIR holds the metrics.csv that train_gpt (and `gpt_reference.py train -o`) write into their
 output folder:
     step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s
 one row per training step (val_loss empty) and one per validation (only step and val_loss filled).
 Top panel: training loss (solid) and validation loss (dashed, dots); bottom panel: tokens/s. The
-legend names each run by its folder. The PNG is written atomically (temporary file, then rename).
+legend names each run by its folder. The extension of -o names the image type: .png, .svg or .pdf
+(anything else is refused). The image is written atomically (temporary file, then rename); an
+existing image of that name is replaced (a plot is redrawn as a run goes on), a folder or a
+metrics.csv never.
 """
 
 import argparse
@@ -18,7 +21,11 @@ import stat
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from python_check import wrong_python_line  # noqa: E402  (beside this file)
+
 COLUMNS = ["step", "train_loss", "val_loss", "lr", "grad_norm", "step_ms", "tokens_per_s"]
+FORMATS = ("png", "svg", "pdf")  # -o's extension -> matplotlib's savefig format
 
 
 class Error(Exception):
@@ -78,13 +85,34 @@ def points(table, column):
     return [s for s, _ in pairs], [v for _, v in pairs]
 
 
-def plot(runs, out):
+def image_format(out, run_dirs):
+    """The format -o's extension names, checked before any work: a known type, not a folder, not one
+    of the inputs."""
+    if os.path.isdir(out):
+        raise Error(f"-o {out} is a folder: give an image file's name (e.g. {os.path.join(out, 'runs.png')})")
+    ext = os.path.splitext(out)[1].lower().lstrip(".")
+    if ext not in FORMATS:
+        raise Error(f"-o {out}: the extension names the image type: .png, .svg or .pdf"
+                    f"{f', not .{ext}' if ext else ''}")
+    above = os.path.dirname(os.path.abspath(out))
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise Error(f"-o {out} cannot be written: '{above}' is a file, not a folder")
+    for run in run_dirs:
+        csv = os.path.join(run, "metrics.csv")
+        if os.path.lexists(out) and os.path.lexists(csv) and os.path.samefile(out, csv):
+            raise Error(f"-o {out} is the input '{csv}'")
+    return ext
+
+
+def plot(runs, out, fmt):
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only, no display needed
         import matplotlib.pyplot as plt
-    except ImportError:
-        raise Error("plotting needs matplotlib (scripts/setup_python.sh installs it)")
+    except ImportError as e:
+        raise Error(wrong_python_line(e, "scripts/plot_runs.py")[len("error: "):])
     fig, (loss_ax, speed_ax) = plt.subplots(2, 1, figsize=(10, 8), sharex=True,
                                             gridspec_kw={"height_ratios": [2, 1]})
     for i, (name, table) in enumerate(runs):
@@ -102,20 +130,22 @@ def plot(runs, out):
     speed_ax.set_xlabel("step")
     speed_ax.grid(alpha=0.3)
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(out))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(out), suffix=".png")
-    os.close(fd)
+    folder, tmp = os.path.dirname(os.path.abspath(out)), None
     try:
-        fig.savefig(tmp, format="png", dpi=100)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(out), suffix="." + fmt)
+        os.close(fd)
+        fig.savefig(tmp, format=fmt, dpi=100)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
         os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    plt.close(fig)
+    except OSError as e:  # named by the image asked for, never by the temporary file
+        raise Error(f"cannot write '{out}': {e.strerror or e}")
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
+            os.unlink(tmp)
+        plt.close(fig)
 
 
 class Parser(argparse.ArgumentParser):
@@ -126,13 +156,14 @@ class Parser(argparse.ArgumentParser):
 def main(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], epilog="Details: the top of scripts/plot_runs.py.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="folders holding a metrics.csv")
-    p.add_argument("-o", "--out", required=True, metavar="PNG", help="image to write")
+    p.add_argument("-o", "--out", required=True, metavar="IMAGE", help="image to write: .png, .svg or .pdf")
     args = p.parse_args(argv)
+    fmt = image_format(args.out, args.runs)
     names = [os.path.basename(os.path.normpath(r)) for r in args.runs]
     # The folder names are the legend; where two runs share one, their paths tell them apart.
     names = [n if names.count(n) == 1 else os.path.normpath(r) for n, r in zip(names, args.runs)]
     runs = [(name, read_metrics(r)) for name, r in zip(names, args.runs)]
-    plot(runs, args.out)
+    plot(runs, args.out, fmt)
     for name, table in runs:
         steps, losses = points(table, "train_loss")
         _, val = points(table, "val_loss")
@@ -146,8 +177,11 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except (Error, OSError) as e:
+    except Error as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # what failed and where, without Python's [Errno N]
+        print(f"error: {e.strerror or e}" + (f": '{e.filename}'" if e.filename else ""), file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C: the PNG's temporary file is removed on the way out
         print("error: interrupted", file=sys.stderr)

@@ -46,7 +46,7 @@ def ref_cli(args):
         try:
             gpt_reference.main(args)
         except (gpt_reference.Error, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(gpt_reference.error_line(e), file=sys.stderr)
             rc = 1
         except SystemExit as e:  # -h
             rc = e.code or 0

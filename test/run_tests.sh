@@ -10,6 +10,9 @@
 # printed whole when it ends. None of them measures time, and each uses its own temporary folder, so
 # running them side by side (on one GPU too) changes no result. TEST_JOBS=1 runs them one by one.
 # A test that exits non-zero without counting a failure, or prints no count line, counts one failure.
+# Each test gets a temporary folder of its own as TMPDIR; one that leaves anything there counts one
+# failure (naming what it left). Skipped checks say why (`... skipped (REASON)`); the run ends with
+# the reasons and their counts, then the count line.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -58,6 +61,8 @@ done
 
 total_passed=0 total_failed=0 total_skipped=0
 failed_names=()
+declare -A skip_reasons=()  # reason -> count, over all tests
+skip_line_re='skipped \((.*)\)[[:space:]]*$'
 finish_one() {  # index: print the test's output and add up its count line
     local i=$1 name=${names[$1]} log=$logs/$1.log
     local rc secs
@@ -65,11 +70,15 @@ finish_one() {  # index: print the test's output and add up its count line
     echo "=== $name"
     cat "$log"
     echo "--- $name: $secs s"
+    local left
+    left=$(cd "$logs/tmp.$i" && ls -A | head -n 5 | tr '\n' ' ')
+    rm -rf "$logs/tmp.$i"
     local line
     line=$(grep -E "$count_line_re" "$log" | tail -n 1)
     if [[ -z "$line" ]]; then
         echo "!!! $name: no count line (exit code $rc)"
         total_failed=$((total_failed + 1)); failed_names+=("$name")
+        [[ -n $left ]] && echo "!!! $name: left in its temporary folder (TMPDIR): $left"
         return
     fi
     [[ "$line" =~ $count_line_re ]]
@@ -78,8 +87,26 @@ finish_one() {  # index: print the test's output and add up its count line
         echo "!!! $name: exit code $rc with no failure counted"
         f=1
     fi
+    if [[ -n $left ]]; then
+        echo "!!! $name: left in its temporary folder (TMPDIR): $left"
+        f=$((f + 1))
+    fi
     total_passed=$((total_passed + p)); total_failed=$((total_failed + f)); total_skipped=$((total_skipped + s))
     [[ $f -gt 0 ]] && failed_names+=("$name")
+    # The skip reasons: one line `... skipped (REASON)` per skipped check. Where the lines and the
+    # count disagree, the difference is named rather than guessed.
+    local reasons=() reason
+    while IFS= read -r reason; do
+        [[ $reason =~ $skip_line_re ]] && reasons+=("${BASH_REMATCH[1]}")
+    done < <(grep -E "$skip_line_re" "$log")
+    if ((s > 0 && ${#reasons[@]} > s)); then
+        skip_reasons["more skip lines than skips counted ($name)"]=$s
+    elif ((s > 0)); then
+        for reason in "${reasons[@]}"; do skip_reasons[$reason]=$((${skip_reasons[$reason]:-0} + 1)); done
+        if ((s > ${#reasons[@]})); then
+            skip_reasons["no reason given ($name)"]=$((s - ${#reasons[@]}))
+        fi
+    fi
 }
 
 declare -A running=()  # pid -> index
@@ -90,8 +117,10 @@ for i in "${!names[@]}"; do
         wait -n -p done_pid
         [[ -n $done_pid && -n ${running[$done_pid]:-} ]] && { finish_one "${running[$done_pid]}"; unset "running[$done_pid]"; }
     done
+    mkdir "$logs/tmp.$i"
     (
         t=$SECONDS
+        export TMPDIR=$logs/tmp.$i
         eval "${cmds[i]}" >"$logs/$i.log" 2>&1 </dev/null
         echo "$? $((SECONDS - t))" >"$logs/$i.status"
     ) &
@@ -106,5 +135,9 @@ done
 echo
 echo "all tests: $((SECONDS - started_all)) s, $jobs_max at a time"
 if [[ ${#failed_names[@]} -gt 0 ]]; then echo "failed: ${failed_names[*]}"; fi
+if ((${#skip_reasons[@]} > 0)); then
+    echo "skipped, by reason:"
+    for reason in "${!skip_reasons[@]}"; do printf '%8d  %s\n' "${skip_reasons[$reason]}" "$reason"; done | sort -k1,1nr -k2
+fi
 echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
 [[ $total_failed -eq 0 ]]

@@ -156,6 +156,26 @@ def main():
     ok, line = one_line_error(run([TOOL, "read-tokens", missing, str(VOCAB)]), missing)
     check("rejects a missing file", ok, line)
 
+    print("C++ token streams (fileio.h expand_glob, TokenStream: train_gpt's -i / -j)")
+    for folder in ("run[1]", "plain"):
+        os.makedirs(os.path.join(tmp, folder))
+        for k in (1, 2):
+            write(os.path.join(tmp, folder, f"x_train_00000{k}.bin"), good)
+    literal = os.path.join(tmp, "run[1]", "x_train_000001.bin")
+    r = run([TOOL, "read-stream", literal, str(VOCAB)])
+    check("a path that exists is itself, '[' and all: run[1]/x_train_000001.bin",
+          r.returncode == 0 and r.stdout.splitlines() == [f"files 1 tokens {len(val)}", literal],
+          (r.stdout or r.stderr).strip().replace("\n", " | ")[:100])
+    for what, pattern in (("a glob: x_train_*.bin", "x_train_*.bin"), ("a glob with a class: x_train_00000[12].bin",
+                                                                      "x_train_00000[12].bin")):
+        r = run([TOOL, "read-stream", os.path.join(tmp, "plain", pattern), str(VOCAB)])
+        check(f"{what} -> both shards, in order", r.returncode == 0 and r.stdout.splitlines() == [
+            f"files 2 tokens {2 * len(val)}"] + [os.path.join(tmp, "plain", f"x_train_00000{k}.bin") for k in (1, 2)],
+              (r.stdout or r.stderr).strip().replace("\n", " | ")[:100])
+    nothing = os.path.join(tmp, "plain", "y_*.bin")
+    ok, line = one_line_error(run([TOOL, "read-stream", nothing, str(VOCAB)]), "no file matches")
+    check("a glob matching nothing: one line", ok, line)
+
     print("tokenizer file")
     magic, version, vocab, eot = read_header(tok_path)
     check("header: magic 20240328, version 2, vocab 50257, eot 50256",

@@ -4,7 +4,11 @@ CPU only, a few seconds. Round trips compare whole checkpoint files byte for byt
 every parameter); the formats are also checked against layouts this test builds itself with numpy
 (Hugging Face's Conv1D (in, out) weights, llm.c's header and bf16 rounding), not only against our
 writer. Then broken, truncated and mismatched inputs (also a FIFO, config.json values of the wrong
-type, non-finite parameters) must fail with one `error:` line, exit code 1.
+type, non-finite parameters) must fail with one `error:` line, exit code 1. Also: config.json settings
+that change the maths are refused by name (the harmless ones imported); files shorter than a header,
+of any size; damaged safetensors files never reach PyTorch's pickle reader; sharded weights (an index
+and its shards) import; a GPT-2-vocabulary export holds the tokenizer's files; and no output replaces
+an input, nor an existing file without --force, nor leaves a temporary file.
 Ends with `N passed, N failed, N skipped`.
 """
 
@@ -105,8 +109,11 @@ def main():
 
     print("Hugging Face: export")
     rc, out, err = ref_cli(["export", odd, "--out", p("hf_odd")])
-    check("export to a folder", rc == 0 and sorted(os.listdir(p("hf_odd"))) == ["config.json", "model.safetensors"],
+    check("export to a folder: config.json, generation_config.json, model.safetensors",
+          rc == 0 and sorted(os.listdir(p("hf_odd"))) == ["config.json", "generation_config.json", "model.safetensors"],
           (out + err).strip()[:80])
+    check("  V=1237 is not GPT-2's vocabulary: no tokenizer files, and a warning says so",
+          "warning: no tokenizer files" in err and "V=1237" in err, err.strip()[:80])
     config = json.load(open(p("hf_odd", "config.json")))
     want = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_head": 3, "n_embd": 39,
             "n_positions": 50, "n_ctx": 50, "vocab_size": 1237, "activation_function": "gelu_new",
@@ -283,8 +290,277 @@ def main():
     rc, out, err = ref_process(["import", "-h"])
     check("import -h and export -h print usage", rc == 0 and out.startswith("usage:") and
           ref_process(["export", "-h"])[1].startswith("usage:"))
+
+    config_maths(p, odd, variant)
+    short_files(p, odd)
+    damaged_safetensors(p, good_st)
+    sharded(p, odd)
+    tokenizer_files(p)
+    overwrites(p, odd)
     holder.cleanup()
     finish()
+
+
+def config_maths(p, odd, variant):
+    print("config.json settings that change the maths: refused by name; the others honoured")
+    for what, value in (("scale_attn_by_inverse_layer_idx", {"scale_attn_by_inverse_layer_idx": True}),
+                        ("scale_attn_weights", {"scale_attn_weights": False}),
+                        ("activation_function", {"activation_function": "gelu"}),
+                        ("layer_norm_epsilon", {"layer_norm_epsilon": 1e-6}),
+                        ("n_inner", {"n_inner": 100}),
+                        ("add_cross_attention", {"add_cross_attention": True}),
+                        ("model_type", {"model_type": "gpt_neo"})):
+        folder = variant("maths_" + what, lambda sd: None, value)
+        rc, _, err = ref_cli(["import", folder, "--out", p("x.ckpt")])
+        ok, line = one_line_error(rc, err, what)
+        check(f"{what} {json.dumps(list(value.values())[0])}: refused by name", ok and "maths" in err, line)
+    # reorder_and_upcast_attn computes the same function in fp32 (as ours does): accepted. The tanh
+    # GELU under its other names, and the defaults written out, are ours.
+    for what, value in (("reorder_and_upcast_attn true", {"reorder_and_upcast_attn": True}),
+                        ("activation_function gelu_pytorch_tanh", {"activation_function": "gelu_pytorch_tanh"}),
+                        ("activation_function gelu_fast", {"activation_function": "gelu_fast"}),
+                        ("the defaults written out", {"scale_attn_weights": True, "n_inner": 4 * 39,
+                                                      "scale_attn_by_inverse_layer_idx": False})):
+        name = "ok_" + "".join(c for c in what if c.isalnum())
+        out = p(name + ".ckpt")
+        rc, _, err = ref_cli(["import", variant(name, lambda sd: None, value), "--out", out])
+        check(f"{what}: imported, identical checkpoint", rc == 0 and read(out) == read(odd), err.strip()[:80])
+    exported = json.load(open(p("hf_odd", "config.json")))
+    check("export's config.json states scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn false",
+          exported.get("scale_attn_by_inverse_layer_idx") is False and exported.get("reorder_and_upcast_attn") is False
+          and exported.get("scale_attn_weights") is True)
+
+
+def short_files(p, odd):
+    print("files shorter than a header (any size, not only multiples of 4): one line, no traceback")
+    os.makedirs(p("short"))
+    magic = read(odd)[:4]
+    for what, data, mention in (("13 bytes starting with our checkpoint's magic (ours)", magic + b"x" * 9, "truncated"),
+                                ("13 bytes starting with llm.c's magic", np.int32(20240326).tobytes() + b"x" * 9,
+                                 "truncated"),
+                                ("1023 bytes of our checkpoint (ours)", read(odd)[:1023], "truncated"),
+                                ("201 bytes of zeros", bytes(201), "not a model file")):
+        path = write(p("short", "".join(c for c in what if c.isalnum()) + ".bin"), data)
+        for command in (["import", path, "--out", p("x.ckpt")], ["export", path, "--out", p("y")],
+                        ["loss", "--checkpoint", path]):
+            rc, _, err = ref_cli(command)
+            want = "not a checkpoint" if command[0] == "loss" and "ours" not in what else mention
+            ok, line = one_line_error(rc, err, want)
+            check(f"{command[0]}: {what}", ok and path in err and "Traceback" not in err, line)
+
+
+def damaged_safetensors(p, good_st):
+    print("damaged safetensors files are reported as such, never handed to PyTorch's pickle reader")
+    os.makedirs(p("damaged"))
+    for what, name, data in (("model.safetensors cut inside its header", "model.safetensors", good_st[:40]),
+                             ("model.safetensors of 5 bytes", "five.safetensors", good_st[:5]),
+                             ("the same cut file named weights.bin", "weights.bin", good_st[:40]),
+                             ("model.safetensors whose header length is garbage", "garbage.safetensors",
+                              b"\x80" + good_st[1:])):
+        path = write(p("damaged", name), data)
+        rc, _, err = ref_cli(["import", path, "--out", p("x.ckpt")])
+        ok, line = one_line_error(rc, err, path)
+        advice = any(s in err for s in ("weights_only", "torch.load", "arbitrary code", "pickle"))
+        check(f"{what}: truncated or damaged, no unpickling advice",
+              ok and ("truncated" in err or "damaged" in err) and not advice, line)
+    torch.save({"w": np.zeros(3)}, p("damaged", "pytorch_model.bin"))  # a numpy array: not weights-only
+    rc, _, err = ref_cli(["import", p("damaged", "pytorch_model.bin"), "--out", p("x.ckpt")])
+    ok, line = one_line_error(rc, err, "state dict")
+    check("pytorch_model.bin holding a numpy array: refused without advising weights_only=False",
+          ok and "weights_only" not in err and "arbitrary code" not in err, line)
+
+
+def sharded(p, odd):
+    from safetensors.torch import save_file
+    print("sharded Hugging Face weights: model.safetensors.index.json (or pytorch_model.bin's) + shards")
+    sd = hf_state_dict(odd)
+    keys = sorted(sd)
+    parts = {"model-00001-of-00002.safetensors": keys[:len(keys) // 2],
+             "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+
+    def shard_folder(name, parts, index_name="model.safetensors.index.json", edit=None):
+        folder = p(name)
+        os.makedirs(folder)
+        weight_map = {k: shard for shard, ks in parts.items() for k in ks}
+        if edit:
+            edit(weight_map)
+        for shard, ks in parts.items():
+            tensors = {k: sd[k] for k in ks}
+            if shard.endswith(".safetensors"):
+                save_file(tensors, os.path.join(folder, shard), metadata={"format": "pt"})
+            else:
+                torch.save(tensors, os.path.join(folder, shard))
+        write(os.path.join(folder, index_name), json.dumps({"metadata": {}, "weight_map": weight_map}).encode())
+        write(os.path.join(folder, "config.json"), read(p("hf_odd", "config.json")))
+        return folder
+
+    folder = shard_folder("sharded", parts)
+    rc, _, err = ref_cli(["import", folder, "--out", p("sharded.ckpt")])
+    check("folder with model.safetensors.index.json + 2 shards -> identical checkpoint",
+          rc == 0 and read(p("sharded.ckpt")) == read(odd), err.strip()[:80])
+    rc, _, err = ref_cli(["import", os.path.join(folder, "model.safetensors.index.json"), "--out", p("sharded2.ckpt")])
+    check("the index file itself -> identical checkpoint", rc == 0 and read(p("sharded2.ckpt")) == read(odd),
+          err.strip()[:80])
+    bins = {"pytorch_model-00001-of-00002.bin": keys[:7], "pytorch_model-00002-of-00002.bin": keys[7:]}
+    folder = shard_folder("sharded_bin", bins, "pytorch_model.bin.index.json")
+    rc, _, err = ref_cli(["import", folder, "--out", p("sharded_bin.ckpt")])
+    check("pytorch_model.bin.index.json + 2 .bin shards -> identical checkpoint",
+          rc == 0 and read(p("sharded_bin.ckpt")) == read(odd), err.strip()[:80])
+    folder = shard_folder("sharded_missing", parts)
+    os.unlink(os.path.join(folder, "model-00002-of-00002.safetensors"))
+    expect_error("a shard missing: named", ["import", folder, "--out", p("x.ckpt")], "model-00002-of-00002.safetensors")
+    moved = keys[0]
+    folder = shard_folder("sharded_misplaced", parts, edit=lambda m: m.update({moved: "model-00002-of-00002.safetensors"}))
+    expect_error("a tensor in another shard than the index says: named", ["import", folder, "--out", p("x.ckpt")], moved)
+    folder = shard_folder("sharded_path", parts, edit=lambda m: m.update({moved: "../model-00001-of-00002.safetensors"}))
+    expect_error("an index naming a shard outside its folder", ["import", folder, "--out", p("x.ckpt")],
+                 "not a file name in its folder")
+    os.makedirs(p("sharded_badjson"))
+    write(p("sharded_badjson", "model.safetensors.index.json"), b'{"weight_map": [1]}')
+    expect_error("an index whose weight_map is not an object", ["import", p("sharded_badjson"), "--out", p("x.ckpt")],
+                 "sharded-weights index")
+
+
+def tokenizer_files(p):
+    print("export of a GPT-2-vocabulary model: the tokenizer files AutoTokenizer reads, generation_config.json")
+    from checks import MIRROR
+    ckpt = p("gpt2vocab.ckpt")
+    ref_cli(["init", "--model", "L=1,NH=1,C=8,V=50257,maxT=64", "--out", ckpt])
+    old = os.environ.get("GPT_MIRROR")
+    os.environ["GPT_MIRROR"] = MIRROR
+    try:
+        rc, out, err = ref_cli(["export", ckpt, "--out", p("hf_gpt2vocab")])
+    finally:
+        os.environ.pop("GPT_MIRROR") if old is None else os.environ.update(GPT_MIRROR=old)
+    names = sorted(os.listdir(p("hf_gpt2vocab"))) if rc == 0 else []
+    want = sorted(["config.json", "generation_config.json", "merges.txt", "model.safetensors", "tokenizer.json",
+                   "tokenizer_config.json", "vocab.json"])
+    check("export writes config, generation_config, model, vocab, merges, tokenizer, tokenizer_config",
+          names == want and not err, f"{names} {err.strip()[:60]}")
+    if names != want:
+        return
+    f = lambda name: read(p("hf_gpt2vocab", name))  # noqa: E731
+    check("vocab.json is GPT-2's encoder.json, merges.txt its vocab.bpe (byte for byte)",
+          f("vocab.json") == read(os.path.join(MIRROR, "gpt2", "encoder.json"))
+          and f("merges.txt") == read(os.path.join(MIRROR, "gpt2", "vocab.bpe")))
+    vocab = json.loads(f("vocab.json"))
+    check("vocab.json: 50257 ids 0..50256, <|endoftext|> = 50256",
+          sorted(vocab.values()) == list(range(50257)) and vocab.get("<|endoftext|>") == 50256)
+    fast = json.loads(f("tokenizer.json"))
+    merges = read(os.path.join(MIRROR, "gpt2", "vocab.bpe")).decode().split("\n")[1:-1]
+    check("tokenizer.json: byte-level BPE with vocab.json's ids and vocab.bpe's 50000 merges, <|endoftext|> special",
+          fast["model"]["type"] == "BPE" and fast["model"]["vocab"] == vocab and fast["model"]["merges"] == merges
+          and len(merges) == 50000 and fast["pre_tokenizer"]["type"] == "ByteLevel"
+          and fast["pre_tokenizer"]["add_prefix_space"] is False and fast["decoder"]["type"] == "ByteLevel"
+          and [(t["id"], t["content"], t["special"]) for t in fast["added_tokens"]] == [(50256, "<|endoftext|>", True)])
+    tok = json.loads(f("tokenizer_config.json"))
+    check("tokenizer_config.json: GPT2Tokenizer, <|endoftext|> bos/eos/unk, model_max_length = maxT, no clean-up",
+          tok.get("tokenizer_class") == "GPT2Tokenizer" and tok.get("model_max_length") == 64
+          and tok.get("bos_token") == tok.get("eos_token") == tok.get("unk_token") == "<|endoftext|>"
+          and tok.get("clean_up_tokenization_spaces") is False and tok.get("add_prefix_space") is False, str(tok)[:80])
+    gen = json.loads(f("generation_config.json"))
+    check("generation_config.json: bos and eos 50256", gen == {"bos_token_id": 50256, "eos_token_id": 50256}, str(gen))
+    os.environ["GPT_MIRROR"] = p("no_mirror")
+    try:
+        rc, out, err = ref_cli(["export", ckpt, "--out", p("hf_nomirror")])
+    finally:
+        os.environ.pop("GPT_MIRROR") if old is None else os.environ.update(GPT_MIRROR=old)
+    check("without the BPE files: the model exported, a one-line warning naming GPT_MIRROR",
+          rc == 0 and err.count("\n") == 1 and err.startswith("warning: ") and "GPT_MIRROR" in err
+          and not os.path.exists(p("hf_nomirror", "vocab.json")), err.strip()[:100])
+
+
+def overwrites(p, odd):
+    print("outputs: never an input, an existing one only with --force, no temporary file left")
+    os.makedirs(p("ow"))
+    o = lambda *names: p("ow", *names)  # noqa: E731
+    original = read(odd)
+    write(o("in.ckpt"), original)
+    for extra in ([], ["--force"]):
+        rc, _, err = ref_cli(["export", o("in.ckpt"), "--format", "llmc", "--dtype", "bf16", "--out", o("in.ckpt")] + extra)
+        ok, line = one_line_error(rc, err, "is the input")
+        check(f"export --out its own input{' --force' if extra else ''}: refused, input unchanged",
+              ok and read(o("in.ckpt")) == original, line)
+    os.symlink(o("in.ckpt"), o("link.ckpt"))
+    for what, out in (("through a symbolic link", o("link.ckpt")), ("spelled with ..", p("ow", "..", "ow", "in.ckpt"))):
+        rc, _, err = ref_cli(["import", o("in.ckpt"), "--out", out, "--force"])
+        ok, line = one_line_error(rc, err, "is the input")
+        check(f"import --out its own input {what} --force: refused", ok and read(o("in.ckpt")) == original, line)
+    write(o("other.ckpt"), b"keep me")
+    for command in (["init", "--model", "L=1,NH=1,C=8,V=64,maxT=8"], ["import", odd], ["export", odd, "--format", "llmc"],
+                    ["state", "--checkpoint", odd, "-B", "1", "-T", "4", "-K", "1", "--device", "cpu"]):
+        rc, _, err = ref_cli(command + ["--out", o("other.ckpt")])
+        ok, line = one_line_error(rc, err, "add --force")
+        check(f"{command[0]} --out an existing file: refused, file kept", ok and read(o("other.ckpt")) == b"keep me", line)
+        rc, _, err = ref_cli(command + ["--out", o("other.ckpt"), "--force"])
+        check(f"{command[0]} --out an existing file --force: replaced", rc == 0 and read(o("other.ckpt")) != b"keep me",
+              err.strip()[:80])
+        write(o("other.ckpt"), b"keep me")
+    rc, _, err = ref_cli(["state", "--checkpoint", o("in.ckpt"), "--out", o("in.ckpt"), "--force"])
+    ok, line = one_line_error(rc, err, "is the input")
+    check("state --out its --checkpoint --force: refused", ok and read(o("in.ckpt")) == original, line)
+    rc, _, err = ref_cli(["export", odd, "--out", o("hf")])
+    config = read(o("hf", "config.json")) if rc == 0 else b""
+    rc, _, err = ref_cli(["export", o("in.ckpt"), "--out", o("hf"), "--dtype", "bf16"])
+    ok, line = one_line_error(rc, err, "already exists: add --force")
+    check("export --format hf into a folder holding an export: refused, names the file",
+          ok and "model.safetensors" in err and read(o("hf", "config.json")) == config, line)
+    rc, _, err = ref_cli(["export", o("in.ckpt"), "--out", o("hf"), "--dtype", "bf16", "--force"])
+    check("  ... with --force: replaced", rc == 0 and b"bfloat16" in read(o("hf", "config.json")), err.strip()[:80])
+    for what, source in (("the folder", o("hf")), ("its model.safetensors", o("hf", "model.safetensors"))):
+        before = {n: read(o("hf", n)) for n in os.listdir(o("hf"))}
+        rc, _, err = ref_cli(["export", source, "--out", o("hf"), "--force"])
+        ok, line = one_line_error(rc, err, "is the input")
+        check(f"export of {what} into its own folder --force: refused, folder unchanged",
+              ok and {n: read(o("hf", n)) for n in os.listdir(o("hf"))} == before, line)
+    rc, _, err = ref_cli(["export", p("gpt2vocab.ckpt"), "--out", o("hf2")])
+    rc2, _, err2 = ref_cli(["export", odd, "--out", o("hf2"), "--force"])
+    check("export --force of a V=1237 model over a GPT-2 export: the old tokenizer files are gone",
+          rc == rc2 == 0 and sorted(os.listdir(o("hf2"))) == ["config.json", "generation_config.json", "model.safetensors"],
+          (err + err2).strip()[:80] or str(sorted(os.listdir(o("hf2")))))
+    folder = o("elsewhere")  # an HF file read from a folder that also holds an unrelated file
+    os.makedirs(folder)
+    for name in ("model.safetensors", "config.json"):
+        write(os.path.join(folder, name), read(o("hf", name)))
+    write(os.path.join(folder, "unrelated.bin"), b"old")
+    rc, _, err = ref_cli(["export", os.path.join(folder, "model.safetensors"), "--format", "llmc",
+                          "--out", os.path.join(folder, "unrelated.bin"), "--force"])
+    check("  ... a file beside the input that is not read is no input: --force replaces it", rc == 0, err.strip()[:80])
+    rc, _, err = ref_cli(["export", odd, "--out", o("other.ckpt"), "--force"])
+    ok, line = one_line_error(rc, err, "is a file")
+    check("export --format hf --out an existing file: one line, no errno", ok and "Errno" not in err, line)
+    os.makedirs(o("a_folder"))
+    rc, _, err = ref_cli(["export", odd, "--format", "llmc", "--out", o("a_folder"), "--force"])
+    ok, line = one_line_error(rc, err, "is a folder")
+    check("export --format llmc --out an existing folder: one line", ok and "Errno" not in err, line)
+    rc, _, err = ref_cli(["import", odd, "--out", os.path.join(o("other.ckpt"), "x.ckpt")])
+    ok, line = one_line_error(rc, err, os.path.join(o("other.ckpt"), "x.ckpt"))
+    check("--out under a file: one line naming the path and the file in its way, no errno",
+          ok and "is a file, not a folder" in err and "Errno" not in err and ".tmp_" not in err, line)
+    cfg, params = ref.read_checkpoint_params(odd)
+    try:
+        ref.write_checkpoint_params(cfg, params, os.path.join(o("other.ckpt"), "y.ckpt"))
+        line = "no error"
+    except Exception as e:  # anything but ref.Error fails the check below
+        line = str(e) if isinstance(e, ref.Error) else f"{type(e).__name__}: {e}"
+    check("  ... the writer itself (past the command's checks) says the same", "is a file, not a folder" in line, line)
+    real_replace = os.replace
+
+    def failing_replace(src, dst):  # what a rename onto a folder raises, naming the temporary file
+        raise IsADirectoryError(21, "Is a directory", src, dst)
+    os.replace = failing_replace
+    try:
+        ref.write_checkpoint_params(cfg, params, o("z.ckpt"))
+        line = "no error"
+    except Exception as e:  # anything but ref.Error fails the check below
+        line = str(e) if isinstance(e, ref.Error) else f"{type(e).__name__}: {e}"
+    finally:
+        os.replace = real_replace
+    check("a failed rename: 'cannot write' the path given, no errno, no temporary name, none left",
+          line.startswith(f"cannot write '{o('z.ckpt')}'") and ".tmp_" not in line and "Errno" not in line
+          and not [n for n in os.listdir(p("ow")) if n.startswith(".tmp_")], line)
+    leftovers = [os.path.join(d, n) for d, _, names in os.walk(p("ow")) for n in names if n.startswith(".tmp_")]
+    check("no temporary file left anywhere", not leftovers, str(leftovers[:2]))
 
 
 if __name__ == "__main__":

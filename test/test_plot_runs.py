@@ -1,11 +1,12 @@
-"""scripts/plot_runs.py: a PNG from run folders' metrics.csv, and one-line errors on bad ones.
+"""scripts/plot_runs.py: a PNG (or SVG, PDF) from run folders' metrics.csv, and one-line errors on bad ones.
 
 CPU only, a few seconds. Two synthetic runs (one with validation rows, one resumed-looking with a gap)
 and gpt_reference.py train's own metrics.csv format: the output must be a PNG (signature, IHDR of the
-expected size), depend on the data, and be written without leaving a temporary file. Malformed files
-must fail with one `error:` line naming the file and line, exit code 1; a metrics.csv that is a FIFO
-or a folder fails at once (opening a FIFO would block). Without matplotlib the
-drawing checks are skipped (the CSV checks run before any plotting). Ends with
+expected size), depend on the data, and be written without leaving a temporary file; -o's extension
+names the type (.svg and .pdf give those, others are refused), a folder or an input is never written.
+Malformed files must fail with one `error:` line naming the file and line, exit code 1; a metrics.csv
+that is a FIFO or a folder fails at once (opening a FIFO would block). Without matplotlib the drawing
+checks are skipped (the CSV and -o checks run before any plotting). Ends with
 `N passed, N failed, N skipped`.
 """
 
@@ -97,11 +98,44 @@ def main():
         rc, stdout, err = run([ref, "-o", os.path.join(out_dir, "ref.png")])
         check("gpt_reference.py train -o's metrics.csv plots", rc1 == rc2 == rc3 == rc == 0
               and png_size(os.path.join(out_dir, "ref.png")) is not None, (stdout or err).strip().splitlines()[0][:80])
+        for what, name, starts in (("-o runs.svg: an SVG file", "runs.svg", (b"<?xml", b"<svg")),
+                                   ("-o runs.pdf: a PDF file", "runs.pdf", (b"%PDF-",)),
+                                   ("-o RUNS.PNG: a PNG (the extension in any case)", "RUNS.PNG", (b"\x89PNG",))):
+            path = os.path.join(out_dir, name)
+            rc, _, err = run([a, "-o", path])
+            head = open(path, "rb").read(300) if rc == 0 and os.path.exists(path) else b""
+            check(what, head.startswith(starts[0]) and all(s in head for s in starts), (err.strip() or repr(head[:20]))[:80])
+        rc, _, err = run([a, "-o", out])
+        check("an existing image is redrawn in place (no --force for a plot)", rc == 0, err.strip()[:80])
+        check("no temporary file left after the other formats", sorted(os.listdir(out_dir)) == sorted(
+            ["runs.png", "b_only.png", "ref.png", "runs.svg", "runs.pdf", "RUNS.PNG"]), str(sorted(os.listdir(out_dir))))
     else:
         for what in ("three runs -> a PNG", "1000x800 pixels", "the summary names every run",
                      "no temporary file left beside it", "another input draws another image",
-                     "gpt_reference.py train -o's metrics.csv plots"):
+                     "gpt_reference.py train -o's metrics.csv plots", "-o runs.svg: an SVG file",
+                     "-o runs.pdf: a PDF file", "-o RUNS.PNG: a PNG", "an existing image is redrawn in place",
+                     "no temporary file left after the other formats"):
             skip(what, "matplotlib not installed")
+
+    print("-o: the image type from its extension; never a folder or an input; errors name what was asked")
+    for what, name, mention in (("-o loss.jpg: refused (not .png, .svg or .pdf)", "loss.jpg", ".jpg"),
+                                ("-o loss (no extension): refused", "loss", ".png, .svg or .pdf")):
+        rc, _, err = run([a, "-o", os.path.join(tmp, name)])
+        ok, line = one_line_error(rc, err, mention)
+        check(what, ok and not os.path.exists(os.path.join(tmp, name)), line)
+    os.makedirs(os.path.join(tmp, "a_folder.png"))
+    for what, target, mention in (("-o an existing folder", os.path.join(tmp, "a_folder.png"), "is a folder"),
+                                  ("-o an existing folder without an extension", tmp, "is a folder"),
+                                  ("-o under a file", os.path.join(a, "metrics.csv", "x.png"), "is a file, not a folder")):
+        rc, _, err = run([a, "-o", target])
+        ok, line = one_line_error(rc, err, mention)
+        check(f"{what}: one line, no errno, no temporary name", ok and "Errno" not in err and ".tmp_" not in err, line)
+    os.symlink(os.path.join(a, "metrics.csv"), os.path.join(tmp, "input.png"))
+    before = open(os.path.join(a, "metrics.csv")).read()
+    rc, _, err = run([a, "-o", os.path.join(tmp, "input.png")])
+    ok, line = one_line_error(rc, err, "is the input")
+    check("-o a link to a run's metrics.csv: refused, the file untouched",
+          ok and open(os.path.join(a, "metrics.csv")).read() == before, line)
 
     print("bad inputs: one `error:` line naming the file and line, exit code 1")
     good = synthetic(5, 2, 1.0, 1000)
@@ -119,7 +153,7 @@ def main():
         folder = run_dir(os.path.join(tmp, "bad"), what.replace(" ", "_"), lines)
         rc, _, err = run([a, folder, "-o", os.path.join(tmp, "bad.png")])
         ok, line = one_line_error(rc, err, mention)
-        check(what, ok and os.path.join(folder, "metrics.csv") in line, line)
+        check(what, ok and os.path.join(folder, "metrics.csv") in err, line)
     rc, _, err = run([os.path.join(tmp, "nope"), "-o", os.path.join(tmp, "bad.png")])
     ok, line = one_line_error(rc, err, "nope")
     check("a missing run folder", ok, line)

@@ -276,7 +276,10 @@ def main():
             "-x", "1", "--device", "cpu"]
     token_file(p("data", "big_id.bin"), np.full(100, 500))
     token_file(p("data", "short.bin"), np.arange(10))
+    with open(p("data", "tiny.bin"), "wb") as f:  # not a multiple of the header's 4-byte ints
+        f.write(np.int32(20240520).tobytes() + bytes(197))
     for what, extra, mention in (
+            ("-i a 201-byte file (shorter than a header)", ["-i", p("data", "tiny.bin")], "201 bytes"),
             ("-d not a multiple of B*T", ["-d", "100"], "-d 100"),
             ("-t above the model's maxT", ["-t", "17"], "-t 17"),
             ("-i matching no file", ["-i", p("data", "nope_*.bin")], "nope_"),
@@ -303,6 +306,27 @@ def main():
     rc, _, err = ref_cli(base + ["-o", p("data", "all.bin")])
     ok, line = one_line_error(rc, err, "not a folder")
     check("-o a file: one line", ok, line)
+    os.makedirs(p("held"))
+    token_file(p("held", "model_00000001.bin"), [1, 2, 3])
+    kept = open(p("held", "model_00000001.bin"), "rb").read()
+    rc, _, err = ref_cli(base + ["-o", p("held")])
+    ok, line = one_line_error(rc, err, "holds checkpoints")
+    check("-o DIR holding a checkpoint (as train_gpt): one line, the checkpoint untouched, no metrics.csv",
+          ok and open(p("held", "model_00000001.bin"), "rb").read() == kept
+          and not os.path.exists(p("held", "metrics.csv")), line)
+
+    print("-i: a path that exists is itself, before it is read as a glob")
+    os.makedirs(p("run[1]"))
+    token_file(p("run[1]", "x_train_000001.bin"), stream)
+    token_file(p("run[1]", "x_val_000001.bin"), val)
+    rc, out, err = ref_cli(["train", "-e", ckpt, "-i", p("run[1]", "x_train_000001.bin"), "-b", "4", "-t", "16",
+                            "-x", "1", "-v", "1", "-m", "1", "--device", "cpu"])
+    check("-i run[1]/x_train_000001.bin (and -j found beside it: run[1]/x_val_000001.bin)",
+          rc == 0 and "val loss" in out, err.strip()[-100:])
+    rc, out, err = ref_cli(["train", "-e", ckpt, "-i", p("run[1]", "x_train_*.bin"), "-j", p("data", "val.bin"),
+                            "-b", "4", "-t", "16", "-x", "1", "--device", "cpu"])
+    ok, line = one_line_error(rc, err, "no file matches")
+    check("  ... while the glob run[1]/x_train_*.bin is a glob (a class of one character '1'): no match", ok, line)
     csv = p("stopped", "metrics.csv")
     rc, err = interrupted_run(["train", "-e", ckpt, "-i", p("data", "all.bin"), "-b", "4", "-t", "16",
                                "-x", str(99999999), "-v", "0", "-o", p("stopped"), "--device", "cpu"], csv)

@@ -31,7 +31,8 @@ def main():
     except gpt2_bpe.PrepError as e:
         check("GPT-2 tokenizer files in the mirror", False, str(e))
         finish()
-    tmp = tempfile.mkdtemp()
+    holder = tempfile.TemporaryDirectory(prefix="test_tokenizer.")
+    tmp = holder.name
     tokenizer = os.path.join(tmp, "gpt2_tokenizer.bin")
     gpt2_bpe.write_tokenizer(enc, tokenizer)
 
@@ -102,6 +103,7 @@ def main():
         compare(name, text)
         took = time.monotonic() - start
         check(f"  ... encoded within 10 s", took < 10.0, f"{took:.2f} s")
+    holder.cleanup()
     finish()
 
 

@@ -2,6 +2,8 @@
 // readers against Python's view of the same files. Host-only: runs without a GPU.
 //
 //   token_file_tool read-tokens FILE VOCAB        prints "tokens N first A last B"
+//   token_file_tool read-stream PATTERN VOCAB     TokenStream (train_gpt's -i / -j): prints "files N tokens T",
+//                                                 then each file's path
 //   token_file_tool decode TOKENIZER              prints "vocab V eot E", then one line per token id:
 //                                                 its bytes in hex
 //   token_file_tool encode TOKENIZER TEXTFILE     prints the GPT-2 token ids of the file's text, one line
@@ -14,7 +16,8 @@
 
 static void usage() {
     printf(
-            "usage: token_file_tool read-tokens FILE VOCAB | decode TOKENIZER | encode TOKENIZER TEXTFILE | crc32 FILE\n"
+            "usage: token_file_tool read-tokens FILE VOCAB | read-stream PATTERN VOCAB | decode TOKENIZER\n"
+            "                       | encode TOKENIZER TEXTFILE | crc32 FILE\n"
             "                       | copy SRC DST\n"
             "                       | parse-int VALUE MIN MAX | parse-float VALUE MIN MAX\n");
 }
@@ -29,6 +32,14 @@ int main(int argc, char** argv) {
         int vocab = (int)parse_int_flag("VOCAB", argv[3], 1, 65536);
         TokenFile tf = read_token_file(argv[2], vocab);
         printf("tokens %zu first %u last %u\n", tf.tokens.size(), tf.tokens.front(), tf.tokens.back());
+        return 0;
+    }
+    if (cmd == "read-stream" && argc == 4) {
+        TokenStream stream;
+        std::string error;
+        if (!stream.open(argv[2], (int)parse_int_flag("VOCAB", argv[3], 1, 65536), &error)) fail("%s", error.c_str());
+        printf("files %zu tokens %llu\n", stream.shards.size(), (unsigned long long)stream.total);
+        for (const TokenStream::Shard& s : stream.shards) printf("%s\n", s.file.path.c_str());
         return 0;
     }
     if (cmd == "decode" && argc == 3) {

@@ -19,8 +19,13 @@ import ctypes
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    from python_check import exit_wrong_python
+    exit_wrong_python(e, "dev/cuda/attention_vs_torch.py")
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 

@@ -16,8 +16,13 @@ import os
 import shutil
 import sys
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    from python_check import exit_wrong_python
+    exit_wrong_python(e, "dev/cuda/layernorm_inductor_probe.py")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

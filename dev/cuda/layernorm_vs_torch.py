@@ -28,8 +28,13 @@ import ctypes
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    from python_check import exit_wrong_python
+    exit_wrong_python(e, "dev/cuda/layernorm_vs_torch.py")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIB = os.path.join(ROOT, "build", "liblayernorm_capi.so")

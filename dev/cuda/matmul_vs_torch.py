@@ -4,8 +4,15 @@ side-by-side for that lab's table. Run on the same GPU right after the lab, so b
     python dev/cuda/matmul_vs_torch.py [--rows 65536]
 """
 import argparse
+import os
+import sys
 
-import torch
+try:
+    import torch
+except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    from python_check import exit_wrong_python
+    exit_wrong_python(e, "dev/cuda/matmul_vs_torch.py")
 
 
 def median_ms(fn, warmup=3, reps=20):
