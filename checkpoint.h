@@ -197,7 +197,7 @@ inline std::string hugging_face_hint(const std::string& path) {
                            : looks_like_safetensors(path);
     if (!hf) return "";
     return std::string("a Hugging Face ") + (folder ? "model folder" : "safetensors file") +
-           "; convert it first: python gpt_reference.py import " + (folder ? path : dirname_of(path)) + " --out model.bin";
+           "; convert it first: $(cat build/python) gpt_reference.py import " + (folder ? path : dirname_of(path)) + " --out model.bin";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from checks import ROOT, check, finish, one_line_error, skip  # noqa: E402
 TOOLS = [("gpt_reference.py", ["-h"], "numpy"),
          ("scripts/bench_torch_gpt.py", ["-h"], "numpy"),
          ("data/prepare_tinyshakespeare.py", ["-h"], "numpy"),
+         ("data/prepare_text.py", ["-h"], "numpy"),
          ("dev/cuda/attention_vs_torch.py", ["-h"], "torch"),
          ("dev/cuda/layernorm_inductor_probe.py", ["-h"], "torch"),
          ("dev/cuda/layernorm_vs_torch.py", ["-h"], "torch"),
