@@ -11,6 +11,7 @@
 // sum per token (llm.c's headline figure); ties go to the lowest index.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -111,14 +112,18 @@ struct EvalScore {
     double acc_norm() const { return examples ? double(correct_norm) / examples : 0.0; }
 };
 
-// Scores one example from its completions' per-position losses (losses[k] holds row k's T losses).
-inline void eval_score(const EvalExample& ex, const std::vector<const float*>& losses, EvalScore& score) {
+// Scores one example from its completions' per-position losses (losses[k] holds row k's T losses);
+// `sums` (optional) receives each completion's summed loss.
+inline void eval_score(const EvalExample& ex, const std::vector<const float*>& losses, EvalScore& score,
+                       std::vector<double>* sums = nullptr) {
     int best = 0, best_norm = 0;
     double best_sum = 0, best_mean = 0;
+    if (sums) sums->assign(ex.completions.size(), 0.0);
     for (size_t k = 0; k < ex.completions.size(); k++) {
         double sum = 0;
         const size_t first = ex.context.size() - 1, count = ex.completions[k].size();
         for (size_t t = first; t < first + count; t++) sum += losses[k][t];
+        if (sums) (*sums)[k] = sum;
         const double mean = sum / count;
         if (k == 0 || sum < best_sum) best = int(k), best_sum = sum;
         if (k == 0 || mean < best_mean) best_norm = int(k), best_mean = mean;

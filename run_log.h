@@ -1,6 +1,6 @@
 // run_log.h: a run folder's logs. main.log in llm.c's form ("s:STEP trl:LOSS" for a training step,
-// "s:STEP tel:LOSS" for a validation) and metrics.csv (a header, then a row per step and per
-// validation; scripts/plot_runs.py reads it). Each row is flushed as it is written. A row that cannot
+// "s:STEP tel:LOSS" for a validation, "s:STEP eval:ACC_NORM" for HellaSwag) and metrics.csv (a header,
+// then a row per step, per validation and per evaluation; scripts/plot_runs.py reads it). Each row is flushed as it is written. A row that cannot
 // be written (a full disk) is said once on stderr and the run goes on: its checkpoints, written and
 // checked on their own, are what a run must not lose.
 #pragma once
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "fileio.h"
 
 struct LogFile {
     FILE* file = nullptr;
@@ -42,6 +43,29 @@ struct LogFile {
     }
 };
 
+constexpr const char* kMetricsHeader = "step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s,hellaswag_acc_norm,hellaswag_acc";
+constexpr const char* kMetricsHeaderBeforeEval = "step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s";
+
+// A metrics.csv written before the evaluation columns, resumed: rewritten (atomically) with them, its
+// rows given two empty fields, so the file keeps one header. Anything else is left as it is.
+inline void upgrade_metrics(const std::string& path) {
+    std::vector<uint8_t> bytes;
+    std::string error;
+    if (!read_whole_file(path, bytes, &error, uint64_t(1) << 32)) return;
+    std::string text(bytes.begin(), bytes.end()), out;
+    const std::string old_header = std::string(kMetricsHeaderBeforeEval) + "\n";
+    if (text.compare(0, old_header.size(), old_header) != 0) return;
+    out = std::string(kMetricsHeader) + "\n";
+    for (size_t at = old_header.size(); at < text.size();) {
+        size_t end = text.find('\n', at);
+        if (end == std::string::npos) break;  // a row cut short by a kill: dropped
+        out += text.substr(at, end - at) + ",,\n";
+        at = end + 1;
+    }
+    if (!write_file_atomic(path, {{out.data(), out.size()}}, &error))
+        fail("cannot add the evaluation columns to '%s': %s", path.c_str(), error.c_str());
+}
+
 // Both logs of a run folder; closed, they take nothing (a run without -o, or a rank other than 0).
 struct RunLogs {
     LogFile main, metrics;
@@ -50,17 +74,22 @@ struct RunLogs {
         const std::string csv_path = dir + "/metrics.csv";
         struct stat csv_stat;
         const bool csv_new = stat(csv_path.c_str(), &csv_stat) != 0 || csv_stat.st_size == 0;  // empty: killed before its header
+        if (!csv_new) upgrade_metrics(csv_path);
         main.open(dir + "/main.log");
         metrics.open(csv_path);
-        if (csv_new) metrics.row("step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n");
+        if (csv_new) metrics.row("%s\n", kMetricsHeader);
     }
     void train_step(int step, float loss, float lr, float norm, double ms, double tokens_per_s) {
         main.row("s:%d trl:%.6f\n", step, loss);
-        metrics.row("%d,%.6f,,%.6e,%.6f,%.3f,%.1f\n", step, loss, lr, norm, ms, tokens_per_s);
+        metrics.row("%d,%.6f,,%.6e,%.6f,%.3f,%.1f,,\n", step, loss, lr, norm, ms, tokens_per_s);
     }
     void validation(int step, float loss) {
         main.row("s:%d tel:%.6f\n", step, loss);
-        metrics.row("%d,,%.6f,,,,\n", step, loss);
+        metrics.row("%d,,%.6f,,,,,,\n", step, loss);
+    }
+    void evaluation(int step, double acc_norm, double acc) {
+        main.row("s:%d eval:%.4f\n", step, acc_norm);
+        metrics.row("%d,,,,,,,%.6f,%.6f\n", step, acc_norm, acc);
     }
     void close() {
         main.close();

@@ -43,6 +43,7 @@
 #include "dataloader.h"
 #include "distributed.cuh"
 #include "encoder.cuh"
+#include "evaluation.h"
 #include "fileio.h"
 #include "flash_attention.cuh"
 #include "layernorm.cuh"
@@ -906,6 +907,70 @@ inline void gpt_save_checkpoint(GPT& m, const std::string& dir, const TrainState
 }
 
 // ---------------------------------------------------------------------------------------------
+// Multiple-choice evaluation (evaluation.h): every completion of an example is a row, context +
+// completion, and the per-position losses of the forward score it. Rows are cut to the longest of
+// their batch, rounded up to 64 positions (causal attention makes a position independent of the
+// padding after it), and a batch holds as many whole examples as the buffers' tokens take. The
+// logits path runs (not the exp head), so every loss is there and the fp32 build matches PyTorch.
+
+inline int eval_row_length(const EvalExample& ex, int window) {
+    return std::min(window, (ex.longest_row() + 63) / 64 * 64);
+}
+
+// Why the model's buffers (B x T tokens, rows of at most T) cannot take `examples`, or "".
+inline std::string eval_fit_error(const std::vector<EvalExample>& examples, int B, int T) {
+    for (const EvalExample& ex : examples) {
+        if (ex.longest_row() > T)
+            return "example " + std::to_string(ex.index) + " has a row of " + std::to_string(ex.longest_row()) +
+                   " tokens, more than T = " + std::to_string(T);
+        if (size_t(ex.completions.size()) * eval_row_length(ex, T) > size_t(B) * T)
+            return "example " + std::to_string(ex.index) + " needs " + std::to_string(ex.completions.size()) + " rows of " +
+                   std::to_string(eval_row_length(ex, T)) + " tokens, more than B*T = " + std::to_string(B * T);
+    }
+    return "";
+}
+
+// Scores examples rank, rank + world, ... (the caller sums the ranks' scores). `sums` (optional)
+// receives each completion's summed loss, examples in order, for comparisons.
+inline EvalScore gpt_evaluate(GPT& m, const std::vector<EvalExample>& examples, int rank, int world,
+                              std::vector<std::vector<double>>* sums = nullptr) {
+    const int window = std::min(m.act.T, m.config.maxT);
+    const size_t capacity = size_t(m.act.B) * m.act.T;
+    const bool exp_head = m.exp_head.on;
+    m.exp_head.on = false;
+    EvalScore score;
+    std::vector<int> inputs, targets, batch;
+    std::vector<float> losses;
+    for (size_t first = rank; first < examples.size();) {
+        batch.clear();
+        int T = 0, rows = 0;
+        for (size_t i = first; i < examples.size(); i += world) {
+            const int K = (int)examples[i].completions.size(), t = std::max(T, eval_row_length(examples[i], window));
+            if (!batch.empty() && size_t(rows + K) * t > capacity) break;
+            batch.push_back(int(i)), rows += K, T = t;
+        }
+        first = size_t(batch.back()) + world;
+        inputs.assign(size_t(rows) * T, 0), targets.assign(size_t(rows) * T, 0);
+        int row = 0;
+        for (int i : batch)
+            for (size_t k = 0; k < examples[i].completions.size(); k++, row++)
+                eval_row(examples[i], int(k), T, inputs.data() + size_t(row) * T, targets.data() + size_t(row) * T);
+        gpt_set_batch(m, inputs.data(), targets.data(), rows, T);
+        gpt_forward(m, rows, T, true, 0.0f);
+        losses.resize(size_t(rows) * T);
+        cuda_check(cudaMemcpy(losses.data(), m.act.stats.losses, losses.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        row = 0;
+        for (int i : batch) {
+            std::vector<const float*> rows_of(examples[i].completions.size());
+            for (size_t k = 0; k < rows_of.size(); k++) rows_of[k] = losses.data() + size_t(row++) * T;
+            eval_score(examples[i], rows_of, score, sums ? &(*sums)[i] : nullptr);
+        }
+    }
+    m.exp_head.on = exp_head;
+    return score;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Generation: new tokens one at a time after a context, each drawn from the logits of the last
 // position on the host, in double, with its own RNG (so sampling never changes training).
 // gpt_reference.py generate does the same, step for step: temperature 0 takes the argmax (the lowest
@@ -1010,6 +1075,7 @@ int gpt_generate(GPT& m, std::vector<int>& tokens, int count, const SampleOption
 struct Options {
     std::string train_path = "data/tinyshakespeare/tiny_shakespeare_train.bin";
     std::string val_path = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    std::string eval_path;  // -he: a multiple-choice eval file (HellaSwag)
     std::string tokenizer_path = "data/gpt2_tokenizer.bin";
     std::string model = "d12";
     std::string out_dir;
@@ -1065,7 +1131,9 @@ static void usage(const Options& d) {
            "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
            "  -sh <0|1>   shuffle the training windows each epoch (default %d)\n"
            "validation and samples\n"
-           "  -v <int>    validation loss every N steps, 0 = never (default %d)\n"
+           "  -v <int>    validation loss (and -he) every N steps, 0 = never (-he then at the end only) (default %d)\n"
+           "  -he <file>  a HellaSwag eval file (data/prepare_hellaswag.py, or llm.c's hellaswag_val.bin): its\n"
+           "              acc_norm and acc every -v steps and at the end (default: none)\n"
            "  -m <int>    validation batches, at most what the data holds (default %d)\n"
            "  -s <int>    print a sample every N steps, 0 = never (default %d)\n"
            "  -g <int>    tokens per sample (default %d)\n"
@@ -1143,6 +1211,7 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-c") o.weight_decay = (float)parse_float_flag(fl, v, 0.0, 10.0);
         else if (f == "-gc") o.grad_clip = (float)parse_float_flag(fl, v, 0.0, 1e6);
         else if (f == "-v") o.val_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
+        else if (f == "-he") path(o.eval_path);
         else if (f == "-m") o.val_batches = (int)parse_int_flag(fl, v, 1, 1 << 20), o.val_batches_given = true;
         else if (f == "-s") o.sample_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-g") o.gen_len = (int)parse_int_flag(fl, v, 1, 65536);
@@ -1244,6 +1313,8 @@ struct Run {
     Tokenizer tokenizer;
     bool have_tokenizer = false;
     std::vector<int> sample_context;
+    std::vector<EvalExample> eval_examples;  // -he
+    EvalScore last_eval;
     LearningRateSchedule schedule;
     GPT m;
     cudaDeviceProp prop{};
@@ -1380,6 +1451,11 @@ static void open_data(Run& r) {
             fail("-j %s has %llu tokens, fewer than T+1 = %d (use a smaller -t, or -v 0)", val_path.c_str(),
                  (unsigned long long)r.val_data.total, o.T + 1);
         r.val.init(r.val_data, val_rows, o.T, false, 0, "-j");
+    }
+    if (!o.eval_path.empty()) {
+        if (!read_eval_file(o.eval_path, c.V, r.eval_examples, &error)) fail("-he %s: %s", o.eval_path.c_str(), error.c_str());
+        const std::string unfit = eval_fit_error(r.eval_examples, o.B, std::min(o.T, c.maxT));
+        if (!unfit.empty()) fail("-he %s: %s (give a larger -t or -b)", o.eval_path.c_str(), unfit.c_str());
     }
     TrainState& st = r.state;
     if (r.resumed) {
@@ -1577,6 +1653,20 @@ static void validate(Run& r, int step) {
     r.logs.validation(step, r.last_val);
 }
 
+// -he: the eval file's score, examples spread over the ranks.
+static void evaluate(Run& r, int step) {
+    if (r.eval_examples.empty()) return;
+    EvalScore s = gpt_evaluate(r.m, r.eval_examples, r.dist.rank, r.dist.world);
+    // (counts summed as doubles: exact below 2^53)
+    s.examples = (int64_t)dp_sum(r.dist, double(s.examples)), s.correct = (int64_t)dp_sum(r.dist, double(s.correct));
+    s.correct_norm = (int64_t)dp_sum(r.dist, double(s.correct_norm));
+    r.last_eval = s;
+    dist_progress(r.dist);
+    if (!r.lead) return;
+    printf("step %5d | hellaswag acc_norm %.4f acc %.4f (%lld examples)\n", step, s.acc_norm(), s.acc(), (long long)s.examples);
+    r.logs.evaluation(step, s.acc_norm(), s.acc());
+}
+
 static void sample(Run& r, int step) {
     if (!r.lead) return;  // the others go on to the next step's first collective and wait there
     DistSolo solo(r.dist);
@@ -1715,7 +1805,7 @@ static void train(Run& r) {
     for (int step = start_step; step < o.max_steps; step++) {
         if (stop_requested(r)) stop_now(r, step);
         const bool interrupted = validates(r, step) || samples(r, step) || checkpoints(r, step);  // (the last step ended with one)
-        if (validates(r, step)) validate(r, step);
+        if (validates(r, step)) validate(r, step), evaluate(r, step);
         if (samples(r, step)) sample(r, step);
         // A step's time runs from the previous step's end (its printing and logging included), or from
         // here after validation, sampling or a checkpoint, to its own synchronisation.
@@ -1735,6 +1825,7 @@ static void train(Run& r) {
     }
     if (stop_requested(r)) stop_now(r, o.max_steps);
     if (o.val_every > 0) validate(r, o.max_steps);
+    evaluate(r, o.max_steps);
     if (o.sample_every > 0) sample(r, o.max_steps);
     if (!o.out_dir.empty() && r.last_checkpoint != o.max_steps) checkpoint(r, o.max_steps);
 }
