@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "ptx.cuh"
 
 constexpr int kClassifierThreads = 1024;
 
@@ -202,7 +203,7 @@ template <typename T> __device__ __forceinline__ Vec128<T> vec_from_floats(const
 // call site (no barrier between a reduction's reads and the next one's writes). The sum adds the warp
 // partials in warp order: the same bits every run.
 template <int BLOCK> __device__ __forceinline__ float block_max(float m, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = m;
     __syncthreads();
     m = scratch[0];
@@ -210,7 +211,7 @@ template <int BLOCK> __device__ __forceinline__ float block_max(float m, float* 
     return m;
 }
 template <int BLOCK> __device__ __forceinline__ float block_sum(float s, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = s;
     __syncthreads();
     s = scratch[0];
@@ -260,15 +261,6 @@ template <typename T> bool classifier_vectors_fit(const T* logits, int Vp) {
     return Vp % Vec128<T>::size == 0 && is_aligned16(logits);
 }
 
-// cp.async (sm_80+): a 16-byte copy global -> shared without passing through registers; .cg skips L1.
-// The "memory" clobbers keep the compiler from moving shared-memory accesses across them.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(smem))),
-                 "l"(__cvta_generic_to_global(gmem))
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 // Shared memory: one block per row, the row's vectors with real columns copied into Vp * sizeof(T)
 // bytes of dynamic shared memory (100 KB for a bf16 GPT-2 row: two blocks per SM of the H100's
 // 228 KB). The padding of the last vector with real columns is overwritten with -inf there, by the
@@ -283,8 +275,8 @@ __global__ void __launch_bounds__(BLOCK, 2)
     uint4* row = classifier_row_smem;  // (Vp / VS) vectors, the first vectors_with_v of them copied
     T* x = logits + size_t(blockIdx.x) * Vp;
     const int vectors = Vp / VS, vectors_with_v = (V + VS - 1) / VS;
-    for (int i = threadIdx.x; i < vectors_with_v; i += BLOCK) cp_async_16(&row[i], x + size_t(i) * VS);
-    cp_async_wait_all();  // this thread's copies
+    for (int i = threadIdx.x; i < vectors_with_v; i += BLOCK) ptx::cp_async16(&row[i], x + size_t(i) * VS);
+    ptx::cp_async_wait_all();  // this thread's copies
     const int tail = V / VS;
     if (V % VS != 0 && threadIdx.x == tail % BLOCK)  // the thread that copied the tail vector
         row[tail] = with_negative_infinity_from<T>(row[tail], V % VS);

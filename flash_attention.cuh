@@ -51,57 +51,17 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "ptx.cuh"
 
 namespace flash_detail {
 
+using namespace ptx;
 typedef __nv_bfloat16 bf16;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 constexpr int kPlainMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers.
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared, asynchronously; valid == false writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(valid ? 4 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p))
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p))
-                 : "memory");
-}
-
-// d (16x8 fp32) += a (16x16 bf16, row-major) b (16x8 bf16, column-major).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x without exp2f's denormal handling (ex2.approx.ftz): exp2f's range test and rescaling leave every
-// score; results below 2^-126 flush to 0, nothing next to the bf16 rounding of any sum they enter.
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// mma.sync fragments.
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half: the lower column
@@ -144,14 +104,6 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
     a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// The 8x8 bf16 matrix whose fragment (row lane / 4, columns 2 (lane % 4) + {0, 1}) each lane holds in
-// x, transposed across the warp into the same fragment layout.
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
-    uint32_t y;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
-}
-
 // ROWS rows of HS values, rows row0.. of a sequence whose row t starts at src + t * stride, into a
 // shared tile with row stride LD; rows >= T are zero-filled. All THREADS threads of the block take
 // part. The trip count is a constant, and where THREADS is a multiple of the chunks per row each
@@ -169,7 +121,7 @@ __device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, size
 #pragma unroll
         for (int i = 0; i < (ROWS + STEP - 1) / STEP; i++) {
             if (ROWS % STEP != 0 && r0 + i * STEP >= ROWS) break;
-            cp_async16(d + i * STEP * LD, p + i * STEP * stride, row0 + r0 + i * STEP < T);
+            cp_async16_zfill(d + i * STEP * LD, p + i * STEP * stride, row0 + r0 + i * STEP < T);
         }
     } else {
 #pragma unroll
@@ -178,7 +130,7 @@ __device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, size
             if (CHUNKS % THREADS != 0 && c >= CHUNKS) break;
             const int r = c / CPR, col = (c % CPR) * 8, t = row0 + r;
             const bool valid = t < T;
-            cp_async16(dst + r * LD + col, src + size_t(valid ? t : 0) * stride + col, valid);
+            cp_async16_zfill(dst + r * LD + col, src + size_t(valid ? t : 0) * stride + col, valid);
         }
     }
 }
@@ -189,7 +141,7 @@ __device__ __forceinline__ void load_floats_async(float* dst, const float* src, 
     for (int i = 0; i < (ROWS + THREADS - 1) / THREADS; i++) {
         const int r = threadIdx.x + i * THREADS;
         if (ROWS % THREADS != 0 && r >= ROWS) break;
-        cp_async4(dst + r, src + row0 + r, row0 + r < T);
+        cp_async4_zfill(dst + r, src + row0 + r, row0 + r < T);
     }
 }
 
@@ -238,7 +190,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();  // tile j is in; every warp is done with tile j - 1, whose buffers are refilled next
         if (j == 0) {
 #pragma unroll
@@ -386,63 +338,6 @@ bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, in
 // Every product is issued, committed and waited for at once: the overlap of one warpgroup's softmax
 // with another's products comes from several warpgroups per SM.
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FLASH_HAVE_WGMMA 1
-#endif
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets
-// (stride = between 8-row groups: 1024 bytes for rows of 128 bytes).
-__device__ __forceinline__ uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-    return uint64_t((smem_u32(smem) & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |
-           (1ull << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most N committed groups of this warpgroup's products are still running.
-template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Registers an in-flight wgmma writes (or reads): the compiler must not touch them before the wait.
-template <int N> __device__ __forceinline__ void keep_regs(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&a)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[i][j])::"memory");
-}
-
-// d (64 x 64, fp32) = A (64 x 16, shared, K-major) B^T (B: 64 x 16, shared, K-major) + (accumulate ? d : 0).
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// d (64 x 128, fp32) = A (64 x 16, shared, K-major) B^T (B: 128 x 16, shared, K-major) + (accumulate ? d : 0).
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// d (64 x 64, fp32) += A (64 x 16, bf16 in registers: each warp its 16 rows as mma.sync's A fragment)
-// B (16 x 64, shared, MN-major: each k's 64 values contiguous).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
-}
-
-
 // ROWS rows of 64 values into a 128-byte swizzled tile (1024-byte aligned); rows >= T zero-filled.
 // As load_rows_async: each thread moves chunk tid % 8 of rows tid / 8 + i STEP; STEP is a multiple of
 // 8, so the chunk's swizzled place (chunk ^ (row % 8)) is the same in all of them.
@@ -454,13 +349,13 @@ __device__ __forceinline__ void load_rows_sw128_async(bf16* dst, const bf16* src
     bf16* d = dst + r0 * 64 + (chunk ^ (r0 & 7)) * 8;
     const bf16* p = src + size_t(row0 + r0) * stride + chunk * 8;  // past T: never read (0 bytes), any address
 #pragma unroll
-    for (int i = 0; i < ROWS / STEP; i++) cp_async16(d + i * STEP * 64, p + i * STEP * stride, row0 + r0 + i * STEP < T);
+    for (int i = 0; i < ROWS / STEP; i++) cp_async16_zfill(d + i * STEP * 64, p + i * STEP * stride, row0 + r0 + i * STEP < T);
 }
 
 template <int NWG, int BC>
 __global__ void __launch_bounds__(NWG * 128)
     forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int HS = 64, BR = NWG * 64, THREADS = NWG * 128;
     static_assert(BC == 64 || BC == 128, "key tile");
     extern __shared__ unsigned char smem_raw[];
@@ -492,7 +387,7 @@ __global__ void __launch_bounds__(NWG * 128)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_smem();
         __syncthreads();  // tile j is in; every warpgroup is done with tile j - 1, whose buffers are refilled next
         if (j + 1 < n_tiles) {
@@ -594,20 +489,6 @@ __global__ void __launch_bounds__(NWG * 128)
 #endif
 }
 
-// True when this process's GPU runs the wgmma kernels: compute capability 9.0 (the build makes
-// sm_90a code for it; other GPUs get other code and take the mma.sync kernels).
-inline bool wgmma_available() {
-    static int cc = -1;
-    if (cc < 0) {
-        int dev = 0, major = 0, minor = 0;
-        cuda_check(cudaGetDevice(&dev));
-        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-        cc = major * 10 + minor;
-    }
-    return cc == 90;
-}
-
 // false where it does not run (HS != 64, or not an sm_90 GPU).
 template <int NWG, int BC>
 bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
@@ -660,7 +541,7 @@ __global__ void backward_dot_plain_kernel(float* D, const bf16* dout, const bf16
     const size_t off = size_t(row / NH) * NH * HS + size_t(h) * HS;
     float sum = 0.0f;
     for (int d = lane; d < HS; d += 32) sum += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     if (lane == 0) D[(size_t(b) * NH + h) * T + t] = sum;
 }
 
@@ -731,7 +612,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
             for (int e = 0; e < 4; e++) dk[mt][dt][e] = dv[mt][dt][e] = 0.0f;
 
     for (int qt = qt0; qt < n_qt; qt++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
         const int st = (qt - qt0) & 1;
         if (qt + 1 < n_qt) {
@@ -915,7 +796,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         for (int dt = 0; dt < DT; dt++) dq[mt][dt][0] = dq[mt][dt][1] = dq[mt][dt][2] = dq[mt][dt][3] = 0.0f;
 
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
         if (j + 1 < n_tiles) {
             const int st = (j + 1) & 1;
@@ -1036,7 +917,7 @@ __global__ void __launch_bounds__(kDsTile * 2)
     for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
 
     for (int j = 0; j <= qt; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
         if (j < qt) {
             load_rows_async<HS, LD, THREADS, BK>(sK + ((j + 1) & 1) * BK * LD, k_src, stride, (j + 1) * BK, T);
@@ -1138,7 +1019,7 @@ constexpr int kDkdvWgmmaMinBlocks = 3;
 __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
     backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
                                int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 128, TILE = 64 * 64;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
@@ -1179,7 +1060,7 @@ __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
 
     for (int qt = qt0; qt < n_qt; qt++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_smem();
         __syncthreads();  // tile qt is in; the products of tile qt - 1 are done (waited for below)
         const int st = (qt - qt0) & 1;
@@ -1312,14 +1193,6 @@ bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const 
 
 constexpr int kPlainWarps = 4, kPlainPerLane = kPlainMaxHS / 32;
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ float dot_row(const float* x, const bf16* y, int HS) {
     float s = 0.0f;
     for (int d = 0; d < HS; d++) s += x[d] * __bfloat162float(y[d]);

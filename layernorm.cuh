@@ -45,8 +45,11 @@
 #pragma once
 
 #include "common.cuh"
+#include "ptx.cuh"
 
 namespace layernorm_detail {
+
+using namespace ptx;
 
 constexpr float kEps = 1e-5f;
 constexpr int kForwardColsPerThread = 32;  // forward: up to 32 columns of the row per thread, in registers
@@ -56,19 +59,13 @@ constexpr int kBackwardMaxWarpsPerRow = 16;  // 512 threads per row: vector back
 constexpr int kForwardMinBlock = 256;   // bf16 forward blocks hold at least this many threads (several rows when rows are short)
 constexpr int kBackwardMinBlock = 512;  // persistent backward blocks: 16 warps, at most 8 row groups (named barriers 1..8)
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;  // butterfly: every lane holds the same bits
-}
-
 // Barrier for the WPR warps of one row group. With several row groups per block each group uses its
 // own named barrier (ids 1..15), so a group never waits for another group's loads.
 template <int WPR, int BLOCK> __device__ __forceinline__ void row_group_sync(int group) {
     if constexpr (BLOCK / (32 * WPR) == 1) {
         __syncthreads();
     } else {
-        asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(32 * WPR) : "memory");
+        named_barrier_sync<32 * WPR>(group + 1);
     }
 }
 
@@ -216,17 +213,6 @@ __global__ void __launch_bounds__(256)
 // only its own slots, so no barrier is needed). bf16 wants it: its 16 columns per thread are half
 // the bytes of fp32's, too few in flight to cover memory latency (74-82% of copy without it), and
 // prefetching into registers instead spills (the kernel already uses all 128 of them).
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {  // .cg: L2 only, data read once
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING> __device__ __forceinline__ void cp_async_wait() {  // all but the newest PENDING groups landed
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-}
 
 template <typename T, int K> struct BackwardRow {
     Vec128<T> x[K], dy[K], dx[K];

@@ -24,7 +24,7 @@ template <int MIN_BLOCKS>
 __global__ void __launch_bounds__(128, MIN_BLOCKS)
     backward_dkdv_wgmma_early_dv_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum,
                                         const bf16* qkv, int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 128, TILE = 64 * 64;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
 
     for (int qt = qt0; qt < n_qt; qt++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_smem();
         __syncthreads();  // tile qt is in; the products of tile qt - 1 are done (waited for below)
         const int st = (qt - qt0) & 1;

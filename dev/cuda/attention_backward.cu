@@ -326,7 +326,7 @@ void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
                 tests.skip(name);
                 continue;
             }
-            if (!flash_detail::wgmma_available()) {
+            if (!ptx::wgmma_available()) {
                 tests.skip(name, "no wgmma on this GPU: both would run version 10");
                 continue;
             }
