@@ -104,6 +104,69 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
     a[3] = pack_bf16(hi[2], hi[3]);
 }
 
+// The products of the kernels below, on MT 16-row tiles per warp (one shared B fragment feeds all MT).
+template <int M, int N> __device__ __forceinline__ void zero(float (&acc)[M][N][4]) {
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+}
+
+// d (MT x 16 rows, NT x 8 columns) += A B^T over KS x 16 head dimensions: A = 16-row tiles a_tile0..
+// of a row-major tile (e.g. k), B = a tile stored with n as the row (e.g. q, for s^T = k q^T).
+template <int MT, int NT, int KS>
+__device__ __forceinline__ void mma_a_bt(float (&d)[MT][NT][4], const bf16* sA, int a_tile0, const bf16* sB, int ld) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) load_a(a[mt], sA, ld, (a_tile0 + mt) * 16, ks * 16);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bb[4];
+            load_b_nk(bb, sB, ld, np * 16, ks * 16);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(d[mt][2 * np], a[mt], bb[0], bb[1]);
+                mma_bf16(d[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+            }
+        }
+    }
+}
+
+// d (MT x 16 rows, DT x 8 columns) += P B: P = the accumulator of a previous product (MT x 16 rows,
+// NT x 8 columns, rounded to bf16 as A fragments, 16 columns at a time), B = a tile stored with k as
+// the row (e.g. v, for P v).
+template <int MT, int NT, int DT>
+__device__ __forceinline__ void mma_p_b(float (&d)[MT][DT][4], const float (&p)[MT][NT][4], const bf16* sB, int ld) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dpair = 0; dpair < DT / 2; dpair++) {
+            uint32_t bb[4];
+            load_b_kn(bb, sB, ld, kk * 16, dpair * 16);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(d[mt][2 * dpair], pa[mt], bb[0], bb[1]);
+                mma_bf16(d[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
+            }
+        }
+    }
+}
+
+// The backward's P recomputed from a score s and its query's lse (log2 domain, lse_log2 = lse log2(e)):
+// the forward's probability, exp(s scale - lse).
+__device__ __forceinline__ float probability(float s, float sl2, float lse_log2) { return exp2_ftz(fmaf(s, sl2, -lse_log2)); }
+// The causal mask (key j hidden from query t when j > t) is written out in each kernel, in the
+// orientation of its tiles (query < key where the rows are keys, key > query where they are queries):
+// as a shared function, or with its operands turned round, the compiler emits different code for the
+// kernels, and their instruction streams are kept identical across changes to this file.
+
 // ROWS rows of HS values, rows row0.. of a sequence whose row t starts at src + t * stride, into a
 // shared tile with row stride LD; rows >= T are zero-filled. All THREADS threads of the block take
 // part. The trip count is a constant, and where THREADS is a multiple of the chunks per row each
@@ -210,10 +273,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         const bf16* cV = sV + (j & 1) * BC * LD;
 
         float s[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+        zero(s);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
 #pragma unroll
@@ -262,22 +322,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                 for (int dt = 0; dt < DT; dt++) o[mt][dt][hf * 2] *= corr, o[mt][dt][hf * 2 + 1] *= corr;
             }
 
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dp = 0; dp < DT / 2; dp++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cV, LD, kk * 16, dp * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(o[mt][2 * dp], pa[mt], bb[0], bb[1]);
-                    mma_bf16(o[mt][2 * dp + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_p_b(o, s, cV, LD);
     }
 
 #pragma unroll
@@ -604,12 +649,8 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     cp_async_commit();
 
     float dk[MT][DT][4], dv[MT][DT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dk[mt][dt][e] = dv[mt][dt][e] = 0.0f;
+    zero(dk);
+    zero(dv);
 
     for (int qt = qt0; qt < n_qt; qt++) {
         cp_async_wait<0>();
@@ -628,28 +669,9 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 
         // s^T = k q^T (this warp's MT x 16 keys x BQ queries)
         float s[MT][NT][4], dp[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) load_a(a[mt], sK, LD, (warp * MT + mt) * 16, ks * 16);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bb[4];
-                load_b_nk(bb, cQ, LD, np * 16, ks * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(s[mt][2 * np], a[mt], bb[0], bb[1]);
-                    mma_bf16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        zero(s);
+        zero(dp);
+        mma_a_bt<MT, NT, KS>(s, sK, warp * MT, cQ, LD);
         // P^T from the saved lse; masked: query before key, or past T
         const bool mask = q0 < wk0 + MT * 16 - 1 || q0 + BQ > T;
 #pragma unroll
@@ -659,44 +681,14 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + mt * 16 + g + (e >> 1) * 8, query = q0 + qi;
-                    float p = exp2_ftz(fmaf(s[mt][nt][e], sl2, -cL[qi] * kLog2e));
+                    float p = probability(s[mt][nt][e], sl2, cL[qi] * kLog2e);
                     if (mask && (query < key || query >= T)) p = 0.0f;
                     s[mt][nt][e] = p;
                 }
         // dv += P^T dO
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dpair = 0; dpair < DT / 2; dpair++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cO, LD, kk * 16, dpair * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(dv[mt][2 * dpair], pa[mt], bb[0], bb[1]);
-                    mma_bf16(dv[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_p_b(dv, s, cO, LD);
         // dP^T = v dO^T
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) load_a(a[mt], sV, LD, (warp * MT + mt) * 16, ks * 16);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bb[4];
-                load_b_nk(bb, cO, LD, np * 16, ks * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(dp[mt][2 * np], a[mt], bb[0], bb[1]);
-                    mma_bf16(dp[mt][2 * np + 1], a[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_a_bt<MT, NT, KS>(dp, sV, warp * MT, cO, LD);
         // dS^T = P^T * (dP^T - D)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -705,7 +697,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     dp[mt][nt][e] = s[mt][nt][e] * (dp[mt][nt][e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
-        // dk += dS^T q
+        // dk += dS^T q: mma_p_b's loop, with each slice of dS^T stored between its packing and its products
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             uint32_t pa[MT][4];
@@ -790,10 +782,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
             Dr[mt][hf] = row < T ? Dsum[i] : 0.0f;
         }
     float dq[MT][DT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) dq[mt][dt][0] = dq[mt][dt][1] = dq[mt][dt][2] = dq[mt][dt][3] = 0.0f;
+    zero(dq);
 
     for (int j = 0; j < n_tiles; j++) {
         cp_async_wait<0>();
@@ -810,12 +799,8 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         const bf16* cV = sV + (j & 1) * BK * LD;
 
         float s[MT][NT][4], dp[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+        zero(s);
+        zero(dp);
         // s = q k^T and dP = dO v^T
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
@@ -851,27 +836,12 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int hf = e >> 1, row = wq0 + mt * 16 + g + hf * 8, key = k0 + nt * 8 + 2 * c4 + (e & 1);
-                    float p = exp2_ftz(fmaf(s[mt][nt][e], sl2, -l2[mt][hf]));
+                    float p = probability(s[mt][nt][e], sl2, l2[mt][hf]);
                     if (mask && key > row) p = 0.0f;
                     dp[mt][nt][e] = p * (dp[mt][nt][e] - Dr[mt][hf]);
                 }
         // dq += dS k
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dpair = 0; dpair < DT / 2; dpair++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cK, LD, kk * 16, dpair * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(dq[mt][2 * dpair], pa[mt], bb[0], bb[1]);
-                    mma_bf16(dq[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_p_b(dq, dp, cK, LD);
     }
 
 #pragma unroll
@@ -1094,7 +1064,7 @@ __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + g + (e >> 1) * 8, query = q0 + qi;
-                float p = exp2_ftz(fmaf(s[4 * nt + e], sl2, -cL[qi] * kLog2e));
+                float p = probability(s[4 * nt + e], sl2, cL[qi] * kLog2e);
                 if (mask && (query < key || query >= T)) p = 0.0f;
                 s[4 * nt + e] = p;
             }

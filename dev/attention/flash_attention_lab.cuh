@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + g + (e >> 1) * 8, query = q0 + qi;
-                float p = exp2_ftz(fmaf(s[4 * nt + e], sl2, -cL[qi] * kLog2e));
+                float p = probability(s[4 * nt + e], sl2, cL[qi] * kLog2e);
                 if (mask && (query < key || query >= T)) p = 0.0f;
                 s[4 * nt + e] = p;
             }
