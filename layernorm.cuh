@@ -113,7 +113,7 @@ template <int WPR> __host__ __device__ constexpr int backward_block_threads() { 
 // with plain loads, not streaming (evict-first) ones, which cost 1-7 points of copy bandwidth in fp32
 // (89-94% -> 95-98%); fp32 blocks hold one row group (32 WPR threads), which gained up to 1 point
 // more there, while bf16 keeps blocks of at least 256 threads. The lab keeps the other choices as
-// its own variants (dev/layernorm/layernorm_lab.cuh).
+// its own variants (dev/cuda/layernorm_lab.cuh).
 template <typename T> constexpr int kForwardMinBlockOf = sizeof(T) == 4 ? 32 : kForwardMinBlock;
 template <typename T, int WPR> __host__ __device__ constexpr int forward_block_threads() {
     return block_threads<WPR, kForwardMinBlockOf<T>>();

@@ -2,7 +2,7 @@
 // kernel got fast; version 11 is the header's flash_attention_backward (flash_attention.cuh), so
 // the lab measures what training runs (12-14: Hopper wgmma; 14, the header's choice, runs inside 11).
 // Every version is validated against the double-precision CPU reference
-// (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
+// (dev/cuda/attention_lab.cuh, which also states the tolerances) at many shapes, then
 // benchmarked.
 //
 //   make dev/cuda/attention_backward
@@ -49,7 +49,7 @@
 //      read by the tensor cores through descriptors (no ldmatrix), P^T and dS^T from registers; dP^T
 //      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
 //   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
-//      of spill). 12 and 13 are the lab's own kernel (dev/attention/flash_attention_lab.cuh).
+//      of spill). 12 and 13 are the lab's own kernel (dev/cuda/flash_attention_lab.cuh).
 //   14 the header's wgmma key side (flash_attention.cuh, backward_dkdv_wgmma_kernel): 13 with dv's
 //      product issued together with dk's, after dS, instead of while dS is computed: at 168
 //      registers ptxas then no longer serializes the wgmma instructions (its C7512 warning on 13) and
@@ -67,8 +67,8 @@
 
 #include "attention.cuh"
 #include "common.cuh"
-#include "dev/attention/attention_lab.cuh"
-#include "dev/attention/flash_attention_lab.cuh"
+#include "dev/cuda/attention_lab.cuh"
+#include "dev/cuda/flash_attention_lab.cuh"
 #include "flash_attention.cuh"
 
 constexpr int kNumVersions = 14;

@@ -2,7 +2,7 @@
 // kernel got fast; version 9 is the header's flash_attention_forward (flash_attention.cuh), so the
 // lab measures what training runs (10-12: Hopper wgmma; 11, the header's choice, runs inside 9).
 // Every version is validated against the double-precision CPU reference
-// (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
+// (dev/cuda/attention_lab.cuh, which also states the tolerances) at many shapes, then
 // benchmarked.
 //
 //   make dev/cuda/attention_forward
@@ -52,7 +52,7 @@
 
 #include "attention.cuh"
 #include "common.cuh"
-#include "dev/attention/attention_lab.cuh"
+#include "dev/cuda/attention_lab.cuh"
 #include "flash_attention.cuh"
 
 constexpr int kNumVersions = 12;

@@ -1,7 +1,7 @@
 // layernorm_backward.cu: the LayerNorm backward laboratory. Numbered versions retrace how the kernel
 // got fast; the last one is the header's layernorm_backward (layernorm.cuh), so the lab measures what
 // training runs. Every version is validated against the double-precision CPU reference
-// (dev/layernorm/layernorm_reference.cuh) at many shapes, then benchmarked.
+// (dev/cuda/layernorm_reference.cuh) at many shapes, then benchmarked.
 //
 //   make dev/cuda/layernorm_backward
 //   ./dev/cuda/layernorm_backward           validate, then benchmark every version, fp32 and bf16
@@ -60,7 +60,7 @@
 
 #include "common.cuh"
 #include "dev/lab.cuh"
-#include "dev/layernorm/layernorm_reference.cuh"
+#include "dev/cuda/layernorm_reference.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
 

@@ -8,9 +8,6 @@
 // and spills 16 bytes; MIN_BLOCKS 2 (version 12) leaves it 170 registers, 2 warpgroups per SM. The
 // products are the same, in the same order, so versions 12, 13 and 14 give the same bits: the lab
 // checks 14 against 13 bit for bit.
-//
-// It lives outside dev/cuda because every dev/cuda/*.cu is a program and everything else there is
-// git-ignored build output.
 #pragma once
 
 #include "common.cuh"
