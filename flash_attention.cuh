@@ -356,13 +356,13 @@ void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH
     cuda_check_launch();
 }
 
-// One configuration for every fast-path head size; false where HS has no fast path.
-template <int WARPS, int MT, int BC>
-bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+// The configuration training runs: 4 warps x 2 row tiles, key tiles of 64; at HS 128 one row tile
+// (two spill there). false where HS has no fast path. (The lab runs others: dev/cuda/flash_attention_lab.cuh.)
+inline bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
     switch (HS) {
-        case 64: launch_forward<64, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
-        case 80: launch_forward<80, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
-        case 128: launch_forward<128, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        case 64: launch_forward<64, 4, 2, 64>(out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_forward<80, 4, 2, 64>(out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_forward<128, 4, 1, 64>(out, lse, qkv, B, T, NH, stream); return true;
         default: return false;
     }
 }
@@ -534,10 +534,8 @@ __global__ void __launch_bounds__(NWG * 128)
 #endif
 }
 
-// false where it does not run (HS != 64, or not an sm_90 GPU).
 template <int NWG, int BC>
-bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
-    if (HS != 64 || !wgmma_available()) return false;
+void launch_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, cudaStream_t stream) {
     constexpr int BR = NWG * 64;
     const size_t smem = size_t(BR + 4 * BC) * 64 * sizeof(bf16) + 1024;  // + room to align to 1024
     auto kernel = forward_wgmma_kernel<NWG, BC>;
@@ -546,6 +544,13 @@ bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
     const dim3 grid((T + BR - 1) / BR, NH, B);
     kernel<<<grid, NWG * 128, smem, stream>>>(out, lse, qkv, T, NH, 1.0f / 8.0f);
     cuda_check_launch();
+}
+
+// The configuration training runs: one warpgroup a block, key tiles of 128. false where it does not
+// run (HS != 64, or not an sm_90 GPU).
+inline bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    if (HS != 64 || !wgmma_available()) return false;
+    launch_forward_wgmma<1, 128>(out, lse, qkv, B, T, NH, stream);
     return true;
 }
 
@@ -933,42 +938,53 @@ void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int
     cuda_check_launch();
 }
 
-// Key-side kernel: WK warps x MK 16-key tiles, query tiles of BQ; query-side kernel: WQ warps x MQ
-// 16-query tiles, key tiles of BK. KMIN / QMIN: blocks per SM each kernel's registers must allow
-// (__launch_bounds__; 1 leaves the compiler free). ds (nullptr: recompute): room for the dS tiles
-// (backward_ds_bytes); the key side stores them and backward_dq_from_ds_kernel replaces the query side
-// (configurations with kDsTile-key blocks and kDsTile-query tiles only).
-template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN, int QMIN>
+// One launch of each backward kernel, in the configuration its template names (training's is in
+// launch_backward below; the lab runs others, dev/cuda/flash_attention_lab.cuh). MIN_BLOCKS: blocks per
+// SM the kernel's registers must allow (__launch_bounds__; 1 leaves the compiler free).
+template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS, bool STORE_DS>
+void launch_backward_dkdv(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* D, const bf16* qkv, int B,
+                          int T, int NH, float scale, cudaStream_t stream) {
+    constexpr int BK = WARPS * MT * 16;
+    const size_t smem = size_t(2 * BK + 4 * BQ) * (HS + 8) * sizeof(bf16) + 4 * BQ * sizeof(float);
+    auto kernel = backward_dkdv_kernel<HS, WARPS, MT, BQ, MIN_BLOCKS, STORE_DS>;
+    static bool configured = false;
+    if (!configured) allow_smem(kernel, smem), configured = true;
+    kernel<<<dim3((T + BK - 1) / BK, NH, B), WARPS * 32, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
+    cuda_check_launch();
+}
+template <int HS, int WARPS, int MT, int BK, int MIN_BLOCKS>
+void launch_backward_dq(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv, int B, int T, int NH,
+                        float scale, cudaStream_t stream) {
+    constexpr int BQ = WARPS * MT * 16;
+    const size_t smem = size_t(2 * BQ + 4 * BK) * (HS + 8) * sizeof(bf16);
+    auto kernel = backward_dq_kernel<HS, WARPS, MT, BK, MIN_BLOCKS>;
+    static bool configured = false;
+    if (!configured) allow_smem(kernel, smem), configured = true;
+    kernel<<<dim3((T + BQ - 1) / BQ, NH, B), WARPS * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
+    cuda_check_launch();
+}
+template <int HS> void launch_backward_dq_from_ds(bf16* dqkv, const uint4* ds, const bf16* qkv, int B, int T, int NH, float scale,
+                                                  cudaStream_t stream) {
+    const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
+    backward_dq_from_ds_kernel<HS><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T, NH,
+                                                                                                           scale);
+    cuda_check_launch();
+}
+
+// The configuration training runs: both kernels 4 warps x 16 rows, streamed tiles of 64. ds (nullptr:
+// recompute): room for the dS tiles (backward_ds_bytes); the key side stores them and
+// backward_dq_from_ds_kernel replaces the query side.
+template <int HS>
 void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
                      int T, int NH, cudaStream_t stream) {
-    constexpr int BKB = WK * MK * 16;
-    constexpr bool kCanStore = BKB == kDsTile && BQ == kDsTile;
-    if (ds && !kCanStore) fail("flash attention backward: this configuration cannot store dS tiles");
     launch_backward_dot<HS>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / sqrtf(float(HS));
-    {
-        const size_t smem = size_t(2 * BKB + 4 * BQ) * (HS + 8) * sizeof(bf16) + 4 * BQ * sizeof(float);
-        auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, false>;
-        if constexpr (kCanStore)
-            if (ds) kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, true>;
-        static bool configured[2] = {false, false};
-        if (!configured[ds != nullptr]) allow_smem(kernel, smem), configured[ds != nullptr] = true;
-        kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
-        cuda_check_launch();
-    }
     if (ds) {
-        const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
-        backward_dq_from_ds_kernel<HS><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T,
-                                                                                                               NH, scale);
-        cuda_check_launch();
+        launch_backward_dkdv<HS, 4, 1, 64, 1, true>(dqkv, ds, dout, lse, D, qkv, B, T, NH, scale, stream);
+        launch_backward_dq_from_ds<HS>(dqkv, ds, qkv, B, T, NH, scale, stream);
     } else {
-        constexpr int BQB = WQ * MQ * 16;
-        const size_t smem = size_t(2 * BQB + 4 * BK) * (HS + 8) * sizeof(bf16);
-        auto kernel = backward_dq_kernel<HS, WQ, MQ, BK, QMIN>;
-        static bool configured = false;
-        if (!configured) allow_smem(kernel, smem), configured = true;
-        kernel<<<dim3((T + BQB - 1) / BQB, NH, B), WQ * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
-        cuda_check_launch();
+        launch_backward_dkdv<HS, 4, 1, 64, 1, false>(dqkv, ds, dout, lse, D, qkv, B, T, NH, scale, stream);
+        launch_backward_dq<HS, 4, 1, 64, 1>(dqkv, dout, lse, D, qkv, B, T, NH, scale, stream);
     }
 }
 
@@ -1132,10 +1148,7 @@ inline bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, co
     if (!configured) allow_smem(backward_dkdv_wgmma_kernel, smem), configured = true;
     backward_dkdv_wgmma_kernel<<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
-    const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
-    backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
-                                                                                                             scale);
-    cuda_check_launch();
+    launch_backward_dq_from_ds<64>(dqkv, ds, qkv, B, T, NH, scale, stream);
     return true;
 }
 
@@ -1145,13 +1158,13 @@ inline size_t backward_ds_bytes(int B, int T, int NH) {
     return ds_tile_index(B, 0, NH, n, 0, 0) * kDsTileVecs * sizeof(uint4);
 }
 
-template <int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN = 1, int QMIN = 1>
-bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
-                 int NH, int HS, cudaStream_t stream, uint4* ds = nullptr) {
+// false where HS has no fast path.
+inline bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
+                        int NH, int HS, cudaStream_t stream, uint4* ds = nullptr) {
     switch (HS) {
-        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 64: launch_backward<64>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_backward<80>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_backward<128>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
         default: return false;
     }
 }
@@ -1340,9 +1353,7 @@ inline void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_b
     check_shape(B, T, NH, HS);
     const bool fast = flash_attention_supported(HS) && is_aligned16(out) && is_aligned16(qkv);
     if (fast) {
-        if (forward_wgmma<1, 128>(out, lse, qkv, B, T, NH, HS, stream)) return;  // HS 64 on an H100/H200
-        if (HS == 128) forward_tc<4, 1, 64>(out, lse, qkv, B, T, NH, HS, stream);  // 2 row tiles spill here
-        else forward_tc<4, 2, 64>(out, lse, qkv, B, T, NH, HS, stream);
+        if (!forward_wgmma(out, lse, qkv, B, T, NH, HS, stream)) forward_tc(out, lse, qkv, B, T, NH, HS, stream);
     } else {
         forward_plain(out, lse, qkv, B, T, NH, HS, stream);
     }
@@ -1392,8 +1403,7 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
         if (store_ds && backward_wgmma(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
-        backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
-                                        store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
+        backward_tc(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream, store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {
         backward_plain(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
     }

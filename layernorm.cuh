@@ -635,13 +635,13 @@ void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, floa
     cuda_check_launch();
 }
 
-// layernorm_backward passes PREFETCH = kBackwardPrefetch<T> (bf16 prefetches, fp32 does not); the lab
-// also runs bf16 without the prefetch (its version 7). A null next_dbias runs the kernels without the
-// column sums (COLSUM = false).
-template <typename T, bool PREFETCH>
+// With the prefetch where T takes it (kBackwardPrefetch). A null next_dbias runs the kernels without
+// the column sums (COLSUM = false).
+template <typename T>
 void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
                      const float* mean, const float* rstd, int N, int C, cudaStream_t stream, T* next_dbias = nullptr) {
     if (N <= 0 || C <= 0) return;
+    constexpr bool PREFETCH = kBackwardPrefetch<T>;
     float* partials = static_cast<float*>(scratch);
     if (next_dbias)
         backward_launch_sections<T, PREFETCH, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean,
@@ -689,9 +689,8 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     if (N <= 0 || C <= 0) return 0;
     size_t floats = std::max(size_t(backward_general_grid(N, C, 2)) * 2 * C, size_t(backward_general_grid(N, C, 3)) * 3 * C);
     for (int wpr : {backward_warps_per_row<float>(C), backward_warps_per_row<__nv_bfloat16>(C)})
-        if (wpr)  // the header's kernels, and the lab's version without the prefetch
-            floats = std::max({floats, backward_vec_partial_floats<float, false>(N, C, wpr),
-                               backward_vec_partial_floats<__nv_bfloat16, false>(N, C, wpr),
+        if (wpr)
+            floats = std::max({floats, backward_vec_partial_floats<float, kBackwardPrefetch<float>>(N, C, wpr),
                                backward_vec_partial_floats<__nv_bfloat16, kBackwardPrefetch<__nv_bfloat16>>(N, C, wpr)});
     return floats * sizeof(float);
 }
@@ -712,6 +711,6 @@ template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
                         const float* mean, const float* rstd, int N, int C,
                         const LayerNormBackwardOptions<T>& options = LayerNormBackwardOptions<T>()) {
-    layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(
-        dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, options.stream, options.next_dbias);
+    layernorm_detail::backward_launch<T>(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, options.stream,
+                                         options.next_dbias);
 }

@@ -196,14 +196,14 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
                                   NH * HS, NH);
             break;
         case 3: flash_detail::backward_plain(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 4: ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 5: ran = flash_detail::backward_tc<4, 1, 32, 4, 1, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 6: ran = flash_detail::backward_tc<8, 1, 64, 8, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 7: ran = flash_detail::backward_tc<4, 2, 32, 4, 2, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 8: ran = flash_detail::backward_tc<4, 2, 32, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 9: ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64, 3>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 4: ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 5: ran = flash_lab::backward_tc<4, 1, 32, 4, 1, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 6: ran = flash_lab::backward_tc<8, 1, 64, 8, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 7: ran = flash_lab::backward_tc<4, 2, 32, 4, 2, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 8: ran = flash_lab::backward_tc<4, 2, 32, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 9: ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64, 3>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 10:
-            ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
+            ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
             break;
         case 11:
             flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS,
@@ -217,7 +217,7 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
                   : version == 13 ? flash_lab::backward_wgmma_early_dv<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
                                   : flash_detail::backward_wgmma(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!ran) {
-                ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
+                ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
             }
             break;

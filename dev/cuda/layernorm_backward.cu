@@ -264,15 +264,37 @@ template <typename T> __global__ void add_sums_kernel(T* dweight, T* dbias, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch. `scratch` holds max(2 C floats, version 6's partials, the header's scratch). Returns a
+// Dispatch. `scratch` holds max(2 C floats, version 6's and 7's partials, the header's scratch). Returns a
 // note when a version ran another version's kernel on a shape it cannot hold.
 
 inline int sm_count() { return layernorm_detail::device_sm_count(); }
 inline int version6_partials(int N) { return std::max(1, std::min(N, 2 * sm_count())); }
 
+// Version 7's partials in bf16: the header's vector kernel without its prefetch, whose grid (more
+// resident blocks) the header's scratch need not hold; in fp32 version 7 is the header's own launch.
+inline size_t version7_scratch_bytes(int N, int C) {
+    using namespace layernorm_detail;
+    const int wpr = backward_warps_per_row<__nv_bfloat16>(C);
+    if (!wpr) return 0;
+    return backward_vec_partial_floats<__nv_bfloat16, false>(N, C, wpr) * sizeof(float);
+}
+
 inline size_t lab_scratch_bytes(int N, int C) {
     return std::max({size_t(2) * C * sizeof(float), size_t(version6_partials(N)) * 2 * C * sizeof(float),
-                     layernorm_backward_scratch_bytes(N, C)});
+                     layernorm_backward_scratch_bytes(N, C), version7_scratch_bytes(N, C)});
+}
+
+// Version 7: the header's launch with its prefetch off (the header prefetches in bf16).
+template <typename T>
+void backward_without_prefetch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
+                               const float* mean, const float* rstd, int N, int C, T* next_dbias) {
+    using namespace layernorm_detail;
+    if (N <= 0 || C <= 0) return;
+    float* partials = static_cast<float*>(scratch);
+    if (next_dbias)
+        backward_launch_sections<T, false, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean, rstd, N, C, 0);
+    else
+        backward_launch_sections<T, false, false>(dinp, dweight, dbias, nullptr, partials, dout, inp, weight, mean, rstd, N, C, 0);
 }
 
 // Versions whose kernels take next_dbias (the header's).
@@ -322,8 +344,7 @@ const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratc
             break;
         }
         case 7:
-            layernorm_detail::backward_launch<T, false>(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, 0,
-                                                        next_dbias);
+            backward_without_prefetch(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, next_dbias);
             break;
         case 8:
             layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C,
