@@ -108,6 +108,11 @@ struct BlasStream {
     void* workspace = nullptr;
 };
 
+template <typename T> struct OnesVector {
+    T* ptr = nullptr;
+    size_t count = 0;
+};
+
 // One set of handles per process, made by blas_init() before the first matmul.
 struct BlasContext {
     cublasHandle_t handle = nullptr;  // the default stream's (streams[0])
@@ -115,10 +120,11 @@ struct BlasContext {
     void* workspace = nullptr;        // the default stream's
     size_t workspace_bytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
     std::vector<BlasStream> streams;  // the default stream first, then any other that ran a matmul
-    // Vectors of ones (fp32 and bf16, so one process can run both precisions, as the lab does), for dbias.
-    float* ones_f32 = nullptr;
-    __nv_bfloat16* ones_bf16 = nullptr;
-    size_t ones_count = 0;
+    // Vectors of ones for dbias (matmul_backward's matrix-vector product), one per precision: blas_init
+    // makes floatX's; a program that runs matmul_backward in the other precision too makes that one
+    // with blas_init_ones.
+    OnesVector<float> ones_f32;
+    OnesVector<__nv_bfloat16> ones_bf16;
     // Matmuls asked to fuse GELU (forward or backward): how many ran in a cuBLASLt epilogue, how
     // many took the unfused path (no algorithm for the shape/alignment). Reported by the programs.
     size_t gelu_fused = 0, gelu_unfused = 0;
@@ -157,29 +163,40 @@ inline const BlasStream& blas_stream(cudaStream_t stream) {
     return b.streams.back();
 }
 
-template <typename T> const T* blas_ones();
-template <> inline const float* blas_ones<float>() { return blas().ones_f32; }
-template <> inline const __nv_bfloat16* blas_ones<__nv_bfloat16>() { return blas().ones_bf16; }
+template <typename T> OnesVector<T>& blas_ones_vector();
+template <> inline OnesVector<float>& blas_ones_vector<float>() { return blas().ones_f32; }
+template <> inline OnesVector<__nv_bfloat16>& blas_ones_vector<__nv_bfloat16>() { return blas().ones_bf16; }
 
 template <typename T> __global__ void fill_ones_kernel(T* x, size_t n) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] = from_float<T>(1.0f);
 }
 
-// max_rows: the largest N any matmul_backward will see (sizes the ones vectors).
+// max_rows ones of T: at least the rows of any matmul_backward<T> with a dbias.
+template <typename T> void blas_init_ones(size_t max_rows) {
+    OnesVector<T>& ones = blas_ones_vector<T>();
+    if (ones.ptr) cuda_check(cudaFree(ones.ptr));
+    ones.count = std::max<size_t>(max_rows, 1);
+    ones.ptr = static_cast<T*>(device_malloc(ones.count * sizeof(T), "matmul ones vector"));
+    fill_ones_kernel<T><<<256, 256>>>(ones.ptr, ones.count);
+    cuda_check_launch();
+}
+
+// The ones of T for a product over `rows` rows.
+template <typename T> const T* blas_ones(size_t rows) {
+    const OnesVector<T>& ones = blas_ones_vector<T>();
+    if (rows > ones.count) fail("matmul: %zu rows, the %s ones vector holds %zu", rows, sizeof(T) == 4 ? "fp32" : "bf16", ones.count);
+    return ones.ptr;
+}
+
+// max_rows: the largest N any matmul_backward will see (sizes floatX's ones vector).
 inline void blas_init(size_t max_rows) {
     BlasContext& b = blas();
     cublas_check(cublasLtCreate(&b.lt));
     const BlasStream& main = blas_stream(0);
     b.handle = main.handle, b.workspace = main.workspace;
     b.hash = static_cast<unsigned long long*>(device_malloc(sizeof(unsigned long long), "matmul tuning hash"));
-    b.ones_count = std::max<size_t>(max_rows, 1);
-    b.ones_f32 = static_cast<float*>(device_malloc(b.ones_count * sizeof(float), "matmul ones vector"));
-    b.ones_bf16 = static_cast<__nv_bfloat16*>(device_malloc(b.ones_count * sizeof(__nv_bfloat16), "matmul ones vector"));
-    fill_ones_kernel<float><<<256, 256>>>(b.ones_f32, b.ones_count);
-    cuda_check_launch();
-    fill_ones_kernel<__nv_bfloat16><<<256, 256>>>(b.ones_bf16, b.ones_count);
-    cuda_check_launch();
+    blas_init_ones<floatX>(max_rows);
 }
 
 inline void blas_destroy() {
@@ -190,8 +207,8 @@ inline void blas_destroy() {
     }
     if (b.lt) cublas_check(cublasLtDestroy(b.lt));
     if (b.hash) cuda_check(cudaFree(b.hash));
-    if (b.ones_f32) cuda_check(cudaFree(b.ones_f32));
-    if (b.ones_bf16) cuda_check(cudaFree(b.ones_bf16));
+    if (b.ones_f32.ptr) cuda_check(cudaFree(b.ones_f32.ptr));
+    if (b.ones_bf16.ptr) cuda_check(cudaFree(b.ones_bf16.ptr));
     b = BlasContext();
 }
 
@@ -716,9 +733,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                                  (const T*)nullptr, stream, dweight, CUBLAS_OP_T))
         gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
     if (dbias) {
-        if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
-        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias,
-                OC, stream);
+        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(N), N, 1.0f, dbias, OC, stream);
     }
 }
 

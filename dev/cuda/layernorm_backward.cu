@@ -543,7 +543,7 @@ template <typename T> int check_one(int version, int N, int C, int shift, uint64
 // The separate pass next_dbias replaces: column sums of dx as matmul_backward_weight computes a bias
 // gradient (cuBLAS matrix-vector product with blas_ones, beta = 1).
 template <typename T> void column_sums_gemv(T* next_dbias, const T* dx, int N, int C) {
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, 1, N, 1.0f, dx, C, blas_ones<T>(), N, 1.0f, next_dbias, C, 0);
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, 1, N, 1.0f, dx, C, blas_ones<T>(N), N, 1.0f, next_dbias, C, 0);
 }
 
 // --floor: the header's two launches timed apart (its vector kernel, its finalize), a copy of the same
@@ -709,7 +709,9 @@ int main(int argc, char** argv) {
     const double copy_gbs = measure_copy_bandwidth_gbs();
     printf("\ndevice: %s, %d SMs, L2 %d MB; device-to-device copy %.1f GB/s (bytes read + written)\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
-    blas_init(N);  // the +gemv rows' separate column sum
+    blas_init(N);  // the +gemv rows' separate column sum, in fp32 and bf16
+    blas_init_ones<float>(N);
+    blas_init_ones<__nv_bfloat16>(N);
     if (fp32) benchmark<float>(versions, N, Cs, copy_gbs);
     if (bf16) benchmark<__nv_bfloat16>(versions, N, Cs, copy_gbs);
     blas_destroy();
