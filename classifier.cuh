@@ -12,18 +12,15 @@
 //     maximum and a sum rescaled when it grows, once per vector of 4-8 values rather than per value,
 //     then a second time to write dlogits, counting on the row (100 KB for GPT-2) to be still in L2
 //     then. Several vectors per thread are loaded before any is used, to keep enough bytes in
-//     flight. dev/cuda/classifier.cu measures it against the scalar kernel below (the fallback for
-//     any other Vp or alignment): 71% of copy on the H100, against 41%.
+//     flight. The scalar kernel below is the fallback for any other Vp or alignment.
 //   - The on-chip kernel (same vector conditions, and a row that fits in shared memory) reads the
 //     row from memory exactly once and keeps it on the SM until its dlogits are written: in shared
 //     memory (cp.async copies, no registers held, two 512-thread blocks per SM for a bf16 GPT-2 row
 //     of 100 KB, so one block's loads overlap the other's arithmetic). With the whole row at hand it
 //     takes the maximum first and then the sum of exponentials, no running rescale. fused_classifier
-//     runs it wherever the row fits, else the vector kernel, else the scalar one. On the H100 at
-//     GPT-2's shape (65536 rows, Vp 50304, bf16) it reaches 99.5% of copy (4.39 ms) against the
-//     vector kernel's 72% (6.03 ms) (dev/cuda/classifier.cu, version 5). The lab's versions 3 and 4
-//     keep the row in registers instead: 3 reaches 86%, 4 as much as this kernel but at 128
-//     registers a thread where this one needs 32, and neither holds an fp32 GPT-2 row.
+//     runs it wherever the row fits, else the vector kernel, else the scalar one. Keeping the row in
+//     registers instead (the lab's versions 3 and 4) takes 128 registers a thread where this needs
+//     32, and holds no fp32 GPT-2 row. The measurements: docs/classifier.md.
 //   - __expf (ex2.approx after a multiply by log2 e; a few units in the last place for the arguments
 //     here, all <= 0): the accurate expf costs ~10 instructions a value, and two exponentials per
 //     logit at that price would make this pass compute-bound.

@@ -32,15 +32,14 @@
 //     kernel only reads it and multiplies by k: 5 matrix products, as an atomic dq would do, for one
 //     extra write and read of the causal dS. Without it the dq kernel recomputes q k^T, dO v^T and
 //     the softmax (7 products).
-//   - Configurations (measured in dev/cuda/attention_{forward,backward}.cu, H100, README there):
+//   - Configurations (the fastest of the labs dev/cuda/attention_{forward,backward}.cu; the figures
+//     are in dev/cuda/README.md and docs/attention.md):
 //     forward at HS 64 on compute capability 9.0: Hopper's warpgroup MMA (wgmma, forward_wgmma_kernel:
 //     64 queries per block, key tiles of 128 read by the tensor cores from swizzled shared memory);
 //     elsewhere mma.sync, 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1
 //     for 128 (2 tiles spill there); backward with room for dS at HS 64 on compute capability 9.0: the
 //     key side on wgmma (backward_dkdv_wgmma_kernel, a warpgroup per 64 keys, 3 per SM), elsewhere
 //     4 warps x 16 rows per block, streamed tiles of 64, all HS.
-//     At B=64 NH=12 T=1024 HS=64 (H100, 2026-11-25): forward ~275-296 TFLOP/s, backward with dS stored
-//     ~230 (PyTorch SDPA flash in the same process: ~187, ~154).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
 //     Every other head size up to 256 (and misaligned pointers) takes a plain path in this header:
 //     one warp per row, fp32 CUDA-core math, the same algorithm (online softmax, lse, recompute,
@@ -171,8 +170,8 @@ __device__ __forceinline__ float probability(float s, float sl2, float lse_log2)
 // shared tile with row stride LD; rows >= T are zero-filled. All THREADS threads of the block take
 // part. The trip count is a constant, and where THREADS is a multiple of the chunks per row each
 // thread moves the same column of every STEP-th row, so its addresses advance by constants: a few
-// instructions per 16 bytes, where a loop over runtime bounds took ~18 (the loads were a quarter of
-// the attention kernels' issued instructions).
+// instructions per 16 bytes, where a loop over runtime bounds recomputes row, column and bound for
+// each (these loads are a large share of the attention kernels' instructions).
 template <int HS, int LD, int THREADS, int ROWS>
 __device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, size_t stride, int row0, int T) {
     constexpr int CPR = HS / 8, CHUNKS = ROWS * CPR;  // 16-byte chunks per row, in all
@@ -559,8 +558,8 @@ inline bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, 
 
 // D[b, h, t] = sum_d dout * out over the head's HS values. A group of LANES = HS / 8 lanes (rounded up
 // to a power of two) per (b, t, h), each reading one 16-byte vector of dout and of out: the loads
-// are 128-bit and a warp's loads cover whole rows, so this pure read runs near copy speed (one warp per
-// row with 2-byte loads ran at ~30% of DRAM bandwidth, issue-bound).
+// are 128-bit and a warp's loads cover whole rows, so this pure read runs near copy speed (a warp per
+// row with 2-byte loads is issue-bound, far below it).
 template <int HS>
 __global__ void backward_dot_kernel(float* D, const bf16* dout, const bf16* out, int B, int T, int NH) {
     constexpr int VECS = HS / 8, LANES = VECS <= 8 ? 8 : VECS <= 16 ? 16 : 32, ROWS_PER_WARP = 32 / LANES;
@@ -1367,8 +1366,9 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int H
 
 // Optional second scratch for the backward: room for dS, bf16, in 64 x 64 tiles on and below the
 // diagonal (B NH n (n + 1) / 2 tiles of 8 KB, n = ceil(T / 64); 0.86 GB at B=64 NH=12 T=1024). Given
-// it, the dk/dv pass stores dS and the dq pass reads it back instead of recomputing it (H100, B=64
-// NH=12 T=1024 HS=64: 1.83 -> 1.51 ms, dev/cuda/README.md); without it, or too small, dq recomputes.
+// it, the dk/dv pass stores dS and the dq pass reads it back instead of recomputing it (5 matrix
+// products instead of 7; faster at GPT-2's shapes, dev/cuda/README.md); without it, or too small, dq
+// recomputes.
 inline size_t flash_attention_backward_ds_bytes(int B, int T, int NH, int HS) {
     return flash_attention_supported(HS) ? flash_detail::backward_ds_bytes(B, T, NH) : 0;
 }

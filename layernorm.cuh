@@ -29,9 +29,9 @@
 //     each partial row, summed by the same finalize and rounded into T once. The vector kernel keeps
 //     each thread's 16 running sums in shared memory (private slots, no barrier), not registers: it
 //     already uses all 128 registers at 512 threads, and 16 more would spill. A template bool
-//     (COLSUM) selects it, so without next_dbias the kernels compile to the code they were (same
-//     PTX; the finalize only takes one more, unused, pointer). The scratch is sized for it (3 C
-//     floats per partial row instead of 2).
+//     (COLSUM) selects it, so without next_dbias the kernels carry none of it (the finalize only
+//     takes one more, unused, pointer). The scratch is sized for it (3 C floats per partial row
+//     instead of 2).
 //   - Two paths each. The vector path (C a multiple of 16 / sizeof(T), every pointer 16-byte
 //     aligned, C <= 16384 forward, C <= 8192 backward) keeps the row in registers:
 //     one read of x (128-bit plain loads, all issued before the first use), a two-pass
@@ -109,11 +109,10 @@ template <int WPR> __host__ __device__ constexpr int backward_block_threads() { 
 // ---------------------------------------------------------------------------------------------
 // Forward, vector path: row in registers, one 128-bit read of x, one write.
 
-// The forward's launch choices, measured on the H100 (dev/cuda/README.md, "plain loads"): x is read
-// with plain loads, not streaming (evict-first) ones, which cost 1-7 points of copy bandwidth in fp32
-// (89-94% -> 95-98%); fp32 blocks hold one row group (32 WPR threads), which gained up to 1 point
-// more there, while bf16 keeps blocks of at least 256 threads. The lab keeps the other choices as
-// its own variants (dev/cuda/layernorm_lab.cuh).
+// The forward's launch choices, the faster ones in the lab (figures: docs/layernorm.md): x is read
+// with plain loads, not streaming (evict-first) ones; fp32 blocks hold one row group (32 WPR
+// threads), bf16 blocks at least 256 threads. The lab keeps the other choices as its own variants
+// (dev/cuda/layernorm_lab.cuh).
 template <typename T> constexpr int kForwardMinBlockOf = sizeof(T) == 4 ? 32 : kForwardMinBlock;
 template <typename T, int WPR> __host__ __device__ constexpr int forward_block_threads() {
     return block_threads<WPR, kForwardMinBlockOf<T>>();
@@ -211,8 +210,8 @@ __global__ void __launch_bounds__(256)
 // PREFETCH: while a row is reduced and written, the next row's x, dy, dx, mean and rstd are already
 // on their way into shared memory (cp.async, double-buffered, each thread copies and later reads
 // only its own slots, so no barrier is needed). bf16 wants it: its 16 columns per thread are half
-// the bytes of fp32's, too few in flight to cover memory latency (74-82% of copy without it), and
-// prefetching into registers instead spills (the kernel already uses all 128 of them).
+// the bytes of fp32's, too few in flight to cover memory latency without it, and prefetching into
+// registers instead spills (the kernel already uses all 128 of them).
 
 template <typename T, int K> struct BackwardRow {
     Vec128<T> x[K], dy[K], dx[K];
@@ -516,8 +515,8 @@ inline int forward_min_warps_per_row(int C) {
     return 0;
 }
 
-// The forward's choice: that, doubled for fp32 rows longer than 2048 (16 columns per thread; on the
-// H100, fp32 C = 4096 ran at 99.6% of copy with 8 warps per row, 98.3% with 4).
+// The forward's choice: that, doubled for fp32 rows longer than 2048 (16 columns per thread, the
+// faster of the two in the lab: docs/layernorm.md).
 template <typename T> inline int forward_warps_per_row(int C) {
     const int wpr = forward_min_warps_per_row(C);
     return sizeof(T) == 4 && C > 2048 && wpr && wpr < kForwardMaxWarpsPerRow ? 2 * wpr : wpr;

@@ -21,11 +21,9 @@
 //     refuses the one it offered, or a leading dimension is not whole 16-byte vectors (see
 //     matmul_plan), a plain cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to
 //     be fused): the same result, unfused. dweight (D += in place, beta = 1) goes through cuBLASLt
-//     as well since commit 4d56780, tuned like the rest (the tuner puts D back before every
-//     candidate's run); it was on cublasGemmEx before, where the heuristic's own lists held nothing
-//     faster.
+//     as well, tuned like the rest (the tuner puts D back before every candidate's run).
 //   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's
-//     candidates (up to 16 asked; it offered at most 8 for GPT-2's shapes on the H100) among those
+//     candidates (up to 16 asked) among those
 //     whose output is bit for bit its first choice's. So the choice costs nothing in determinism.
 //     With tune_wide (train_gpt -tw 1) the candidates also include the configurations around the
 //     heuristic's (matmul_config_space), screened within a time budget per plan, same rule.
@@ -38,8 +36,7 @@
 //     one (reads 1 tensor, writes 1) instead of the fused residual + LayerNorm (reads 2, writes 2):
 //     one (N, C) pass less per LayerNorm, 24 a step at d12, for the GEMM's read of C in its epilogue.
 //     Numerics: the sum is fp32 (accumulator + bias + residual; the order of those two adds inside
-//     the epilogue is cuBLASLt's, undocumented) rounded once to T, where block_out used to be rounded
-//     to T and then added in the LayerNorm kernel and rounded again. The plain path copies the
+//     the epilogue is cuBLASLt's, undocumented) rounded once to T. The plain path copies the
 //     residual into out and runs the GEMM with beta = 1, then the bias kernel: fp32 accumulator +
 //     residual rounded to T, then + bias rounded again (as its bias always was). out must not
 //     overlap the residual: the first call's tuning reruns the matmul, which is idempotent only
@@ -481,7 +478,7 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n
 
 // ---------------------------------------------------------------------------------------------
 // Tuning. cuBLASLt's first choice is often not its fastest kernel for our shapes (dev/cuda/matmul.cu
-// measures each: up to 7% slower on the LM head). So on a plan's first call every candidate runs on
+// measures each; docs/matmul.md). So on a plan's first call every candidate runs on
 // that call's own operands, and the fastest one whose output (and auxiliary output) is bit for bit
 // the first choice's is kept. Kernels that sum K in the same order give the same bits whatever
 // their tiles and clusters (the lab shows it: all of split-K 1 agree); a candidate that differs
@@ -741,14 +738,12 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // dout^T times a column of ones: given inp with that column, laid out (N, inp_ld) with columns [0, C)
 // the layer's input, column C all ones and columns (C, inp_ld) all zeros, one GEMM over inp's inp_ld
 // columns gives dweight in its first C columns and dbias in column C, and dout (N, OC, the largest
-// tensor here) is read once instead of twice (the separate matrix-vector dbias read it all again:
-// ~0.11 ms a layer each for qkv and fc at B=64 T=1024 on an H100, dev/cuda/matmul.cu). The GEMM
+// tensor here) is read once instead of twice (the separate matrix-vector dbias reads it all again).
+// The GEMM
 // writes fp32 into scratch ((OC, inp_ld) floats, overwritten), and a small kernel adds it into
 // dweight (OC, C) and dbias (OC): each gradient rounded to T once, as D += in the GEMM would.
-// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, lab, 2026-11-25): qkv
-// (OC = 2304) 0.332 ms against 0.332 + 0.106 for dweight and the matrix-vector dbias, fc (OC = 3072)
-// 0.440 against 0.442 + 0.137; training at B=64 +0.8%. Falls back to the two-pass way where cuBLASLt
-// has no algorithm (shapes whose leading dimensions are not whole 16-byte vectors).
+// inp_ld = round_up(C + 1, 16 bytes). Falls back to the two-pass way where cuBLASLt has no algorithm
+// (shapes whose leading dimensions are not whole 16-byte vectors). The measurements: docs/matmul.md.
 template <typename T> __global__ void add_weight_bias_kernel(T* dweight, T* dbias, const float* scratch, int OC, int C, int ld) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(OC) * ld; i += size_t(gridDim.x) * blockDim.x) {
         const int o = int(i / ld), c = int(i % ld);
