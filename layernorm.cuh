@@ -598,8 +598,6 @@ inline int backward_general_grid(int N, int C, int sections = 2) {
     return (int)std::max<size_t>(1, std::min<size_t>({size_t(N), size_t(2) * device_sm_count(), cap}));
 }
 
-inline int backward_block_threads_any(int wpr) { return block_threads_of(wpr, kBackwardMinBlock); }
-
 // The vector kernel alone, with wpr = backward_warps_per_row<T>(C) warps per row; returns its grid
 // (the number of partial rows it wrote).
 template <typename T, bool PREFETCH, bool COLSUM>

@@ -570,7 +570,7 @@ void benchmark_floor(int N, int C, T* dx, T* dw, T* db, void* scratch, const T* 
     printf("  %-10s %-6s %-8d %10.1f %10.1f %7.1f%%  (its vector kernel alone, grid %d)\n", "8 kernel", dtype_name<T>(), C,
            kernel_ms * 1e3, gbs, 100.0 * gbs / copy_gbs, grid);
     printf("  %-10s %-6s %-8d %10.1f %10s %8s  (its finalize alone)\n", "8 finalize", dtype_name<T>(), C, finalize_ms * 1e3, "-", "-");
-    print_launch_floor(dtype_name<T>(), C, bytes, grid, backward_block_threads_any(wpr), copy_gbs);
+    print_launch_floor(dtype_name<T>(), C, bytes, grid, block_threads_of(wpr, kBackwardMinBlock), copy_gbs);
 }
 
 // Rows of versions 7 and 8: plain, with next_dbias (fused), plain then the separate pass (gemv).
