@@ -70,7 +70,11 @@ HEADERS := $(wildcard *.cuh *.h)
 TRAIN_BINS := $(if $(wildcard train_gpt.cu),train_gpt_bf16 train_gpt_fp32)
 TEST_GPT_BINS := $(if $(wildcard test_gpt.cu),test_gpt_bf16 test_gpt_fp32)
 GENERATE_BINS := $(if $(wildcard generate_gpt.cu),generate_gpt_bf16 generate_gpt_fp32)
-DEV_BINS := $(patsubst %.cu,%,$(wildcard dev/cuda/*.cu))
+# Every dev/cuda/*.cu is a lab program, but the *_capi.cu C APIs (shared libraries, below). Every lab
+# depends on every lab header beside it (dev/cuda/*.cuh) and on dev/lab.cuh, which the tests share.
+DEV_LIBS := $(wildcard dev/cuda/*_capi.cu)
+DEV_BINS := $(patsubst %.cu,%,$(filter-out $(DEV_LIBS),$(wildcard dev/cuda/*.cu)))
+DEV_HEADERS := $(wildcard dev/cuda/*.cuh) dev/lab.cuh
 UNIT_BINS := $(patsubst test/%.cu,build/test/%,$(wildcard test/*.cu))
 PROGRAMS := $(TRAIN_BINS) $(TEST_GPT_BINS) $(GENERATE_BINS) $(DEV_BINS) $(UNIT_BINS)
 
@@ -81,7 +85,7 @@ all: $(PROGRAMS)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS) $(NCCL_LIBS)
 %_fp32: %.cu $(HEADERS) train_gpt.cu
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< -o $@ $(LDLIBS) $(NCCL_LIBS)
-dev/cuda/%: dev/cuda/%.cu $(HEADERS) dev/lab.cuh
+dev/cuda/%: dev/cuda/%.cu $(HEADERS) $(DEV_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(LDLIBS)
 build/test/%: test/%.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(dir $@)
@@ -123,25 +127,11 @@ clean:
 	rm -rf build $(PROGRAMS)
 
 # ---------------------------------------------------------------------------------------------
-# LayerNorm C API: a shared library over layernorm.cuh and the labs' CPU reference, for Python's
-# ctypes (dev/cuda/layernorm_vs_torch.py, test/test_layernorm_reference.py). Its source lives in
-# dev/layernorm/, not dev/cuda/, where every .cu becomes a program. The labs also include the
-# reference there, hence the extra prerequisites.
-LAYERNORM_DEV := $(wildcard dev/layernorm/*.cuh)
-build/liblayernorm_capi.so: dev/layernorm/layernorm_capi.cu $(LAYERNORM_DEV) $(HEADERS) dev/lab.cuh
+# The C APIs: shared libraries over the headers, for Python's ctypes. build/liblayernorm_capi.so
+# (layernorm.cuh and the labs' CPU reference: dev/cuda/layernorm_vs_torch.py,
+# test/test_layernorm_reference.py) and build/libattention_capi.so (flash_attention.cuh:
+# dev/cuda/attention_vs_torch.py).
+build/lib%.so: dev/cuda/%.cu $(HEADERS) $(DEV_HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
-all: build/liblayernorm_capi.so
-dev/cuda/layernorm_forward dev/cuda/layernorm_backward: $(LAYERNORM_DEV)
-
-# ---------------------------------------------------------------------------------------------
-# Attention C API: a shared library over flash_attention.cuh for Python's ctypes
-# (dev/cuda/attention_vs_torch.py). Its source lives in dev/attention/, not dev/cuda/, where every
-# .cu becomes a program (and everything else is git-ignored). The attention labs include the shared
-# lab header there, hence the extra prerequisites.
-ATTENTION_DEV := $(wildcard dev/attention/*.cuh)
-build/libattention_capi.so: dev/attention/attention_capi.cu $(ATTENTION_DEV) $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -shared -Xcompiler -fPIC $< -o $@
-all: build/libattention_capi.so
-dev/cuda/attention_forward dev/cuda/attention_backward: $(ATTENTION_DEV)
+all: $(patsubst dev/cuda/%.cu,build/lib%.so,$(DEV_LIBS))

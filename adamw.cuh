@@ -34,7 +34,7 @@ template <typename T> __global__ void __launch_bounds__(kNormThreads) global_nor
         const float g = to_float(x[i]);
         sum += g * g;
     }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -48,7 +48,7 @@ __global__ void global_norm_finalize_kernel(float* out, const float* partials) {
     __shared__ float warp_sums[32];
     float sum = 0.0f;
     for (int i = threadIdx.x; i < kNormBlocks; i += 1024) sum += partials[i];
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -65,10 +65,10 @@ template <typename T> __global__ void causal_softmax_kernel(T* att, int rows, in
     T* x = att + size_t(row) * T_;
     float maxval = -INFINITY;
     for (int c = lane; c <= t; c += 32) maxval = fmaxf(maxval, to_float(x[c]));
-    for (int o = 16; o > 0; o >>= 1) maxval = fmaxf(maxval, __shfl_xor_sync(0xffffffffu, maxval, o));
+    maxval = warp_max(maxval);
     float sum = 0.0f;
     for (int c = lane; c <= t; c += 32) sum += expf(to_float(x[c]) - maxval);
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     const float inv = 1.0f / sum;
     for (int c = lane; c < T_; c += 32) x[c] = from_float<T>(c <= t ? expf(to_float(x[c]) - maxval) * inv : 0.0f);
 }
@@ -82,7 +82,7 @@ template <typename T> __global__ void causal_softmax_backward_kernel(T* d, const
     const T* p = att + size_t(row) * T_;
     float dot = 0.0f;
     for (int c = lane; c <= t; c += 32) dot += to_float(p[c]) * to_float(g[c]);
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    dot = warp_sum(dot);
     for (int c = lane; c < T_; c += 32) g[c] = from_float<T>(c <= t ? to_float(p[c]) * (to_float(g[c]) - dot) : 0.0f);
 }
 

@@ -12,18 +12,15 @@
 //     maximum and a sum rescaled when it grows, once per vector of 4-8 values rather than per value,
 //     then a second time to write dlogits, counting on the row (100 KB for GPT-2) to be still in L2
 //     then. Several vectors per thread are loaded before any is used, to keep enough bytes in
-//     flight. dev/cuda/classifier.cu measures it against the scalar kernel below (the fallback for
-//     any other Vp or alignment): 71% of copy on the H100, against 41%.
+//     flight. The scalar kernel below is the fallback for any other Vp or alignment.
 //   - The on-chip kernel (same vector conditions, and a row that fits in shared memory) reads the
 //     row from memory exactly once and keeps it on the SM until its dlogits are written: in shared
 //     memory (cp.async copies, no registers held, two 512-thread blocks per SM for a bf16 GPT-2 row
 //     of 100 KB, so one block's loads overlap the other's arithmetic). With the whole row at hand it
 //     takes the maximum first and then the sum of exponentials, no running rescale. fused_classifier
-//     runs it wherever the row fits, else the vector kernel, else the scalar one. On the H100 at
-//     GPT-2's shape (65536 rows, Vp 50304, bf16) it reaches 99.5% of copy (4.39 ms) against the
-//     vector kernel's 72% (6.03 ms) (dev/cuda/classifier.cu, version 5). The lab's versions 3 and 4
-//     keep the row in registers instead: 3 reaches 86%, 4 as much as this kernel but at 128
-//     registers a thread where this one needs 32, and neither holds an fp32 GPT-2 row.
+//     runs it wherever the row fits, else the vector kernel, else the scalar one. Keeping the row in
+//     registers instead (the lab's versions 3 and 4) takes 128 registers a thread where this needs
+//     32, and holds no fp32 GPT-2 row. The measurements: docs/classifier.md.
 //   - __expf (ex2.approx after a multiply by log2 e; a few units in the last place for the arguments
 //     here, all <= 0): the accurate expf costs ~10 instructions a value, and two exponentials per
 //     logit at that price would make this pass compute-bound.
@@ -34,6 +31,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "ptx.cuh"
 
 constexpr int kClassifierThreads = 1024;
 
@@ -202,7 +200,7 @@ template <typename T> __device__ __forceinline__ Vec128<T> vec_from_floats(const
 // call site (no barrier between a reduction's reads and the next one's writes). The sum adds the warp
 // partials in warp order: the same bits every run.
 template <int BLOCK> __device__ __forceinline__ float block_max(float m, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = m;
     __syncthreads();
     m = scratch[0];
@@ -210,7 +208,7 @@ template <int BLOCK> __device__ __forceinline__ float block_max(float m, float* 
     return m;
 }
 template <int BLOCK> __device__ __forceinline__ float block_sum(float s, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = s;
     __syncthreads();
     s = scratch[0];
@@ -260,15 +258,6 @@ template <typename T> bool classifier_vectors_fit(const T* logits, int Vp) {
     return Vp % Vec128<T>::size == 0 && is_aligned16(logits);
 }
 
-// cp.async (sm_80+): a 16-byte copy global -> shared without passing through registers; .cg skips L1.
-// The "memory" clobbers keep the compiler from moving shared-memory accesses across them.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(smem))),
-                 "l"(__cvta_generic_to_global(gmem))
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 // Shared memory: one block per row, the row's vectors with real columns copied into Vp * sizeof(T)
 // bytes of dynamic shared memory (100 KB for a bf16 GPT-2 row: two blocks per SM of the H100's
 // 228 KB). The padding of the last vector with real columns is overwritten with -inf there, by the
@@ -283,8 +272,8 @@ __global__ void __launch_bounds__(BLOCK, 2)
     uint4* row = classifier_row_smem;  // (Vp / VS) vectors, the first vectors_with_v of them copied
     T* x = logits + size_t(blockIdx.x) * Vp;
     const int vectors = Vp / VS, vectors_with_v = (V + VS - 1) / VS;
-    for (int i = threadIdx.x; i < vectors_with_v; i += BLOCK) cp_async_16(&row[i], x + size_t(i) * VS);
-    cp_async_wait_all();  // this thread's copies
+    for (int i = threadIdx.x; i < vectors_with_v; i += BLOCK) ptx::cp_async16(&row[i], x + size_t(i) * VS);
+    ptx::cp_async_wait_all();  // this thread's copies
     const int tail = V / VS;
     if (V % VS != 0 && threadIdx.x == tail % BLOCK)  // the thread that copied the tail vector
         row[tail] = with_negative_infinity_from<T>(row[tail], V % VS);

@@ -2,6 +2,7 @@
 //   - error handling: cuda_check / cublas_check, and fail() for a one-line error plus a non-zero exit
 //   - floatX: the activation/parameter type of a training build (PRECISION=FP32|BF16)
 //   - Vec128<T>: the one 128-bit vector type, for 16-byte loads and stores
+//   - warp_sum / warp_max: the one warp-wide reduction of each kind
 //   - Rng: the one pseudo-random generator (splitmix64, host)
 // The labs' and tests' own helpers (timing, tolerance checks, the pass/fail count) are in dev/lab.cuh.
 // Host-only programs may include it too (it needs only the CUDA runtime headers).
@@ -121,6 +122,21 @@ template <typename T> struct alignas(16) Vec128 {
 };
 
 inline bool is_aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+// ---------------------------------------------------------------------------------------------
+// Warp reductions: the butterfly leaves every lane holding the same bits (the same sum in the same
+// order on each lane), which the kernels rely on where every lane then uses the result.
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Host conversions between float and storage types (also usable on the device).

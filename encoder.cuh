@@ -9,9 +9,9 @@
 //     kEncoderChunk consecutive positions. One block per chunk sums its rows in position order, in
 //     fp32; a token of one chunk adds that straight into dwte, a token of several leaves fp32 partial
 //     rows that a second kernel sums in chunk order. Without the cut, the one block of the most
-//     frequent token walked all of its positions alone (thousands in a Tiny Shakespeare batch: 2.2 ms
-//     a step on an H100 at B=64, T=1024, for a pass that reads dout once). Both += (gradient
-//     accumulation), rounded to the storage type once.
+//     frequent token would walk all of its positions alone (thousands in a Tiny Shakespeare batch),
+//     serializing a pass that should cost one read of dout. Both += (gradient accumulation), rounded
+//     to the storage type once.
 //   - The forward sums in fp32 and rounds once, as PyTorch does on the fp32 reference.
 #pragma once
 

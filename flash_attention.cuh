@@ -32,15 +32,14 @@
 //     kernel only reads it and multiplies by k: 5 matrix products, as an atomic dq would do, for one
 //     extra write and read of the causal dS. Without it the dq kernel recomputes q k^T, dO v^T and
 //     the softmax (7 products).
-//   - Configurations (measured in dev/cuda/attention_{forward,backward}.cu, H100, README there):
+//   - Configurations (the fastest of the labs dev/cuda/attention_{forward,backward}.cu; the figures
+//     are in dev/cuda/README.md and docs/attention.md):
 //     forward at HS 64 on compute capability 9.0: Hopper's warpgroup MMA (wgmma, forward_wgmma_kernel:
 //     64 queries per block, key tiles of 128 read by the tensor cores from swizzled shared memory);
 //     elsewhere mma.sync, 4 warps x 2 row tiles (128 queries per block) for HS 64 and 80, 4 warps x 1
 //     for 128 (2 tiles spill there); backward with room for dS at HS 64 on compute capability 9.0: the
 //     key side on wgmma (backward_dkdv_wgmma_kernel, a warpgroup per 64 keys, 3 per SM), elsewhere
 //     4 warps x 16 rows per block, streamed tiles of 64, all HS.
-//     At B=64 NH=12 T=1024 HS=64 (H100, 2026-11-25): forward ~275-296 TFLOP/s, backward with dS stored
-//     ~230 (PyTorch SDPA flash in the same process: ~187, ~154).
 //   - Fast path: head sizes 64, 80 and 128 (flash_attention_supported), 16-byte aligned pointers.
 //     Every other head size up to 256 (and misaligned pointers) takes a plain path in this header:
 //     one warp per row, fp32 CUDA-core math, the same algorithm (online softmax, lse, recompute,
@@ -51,57 +50,17 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "ptx.cuh"
 
 namespace flash_detail {
 
+using namespace ptx;
 typedef __nv_bfloat16 bf16;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 constexpr int kPlainMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers.
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared, asynchronously; valid == false writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(valid ? 4 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p))
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p))
-                 : "memory");
-}
-
-// d (16x8 fp32) += a (16x16 bf16, row-major) b (16x8 bf16, column-major).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x without exp2f's denormal handling (ex2.approx.ftz): exp2f's range test and rescaling leave every
-// score; results below 2^-126 flush to 0, nothing next to the bf16 rounding of any sum they enter.
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// mma.sync fragments.
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half: the lower column
@@ -144,20 +103,75 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
     a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// The 8x8 bf16 matrix whose fragment (row lane / 4, columns 2 (lane % 4) + {0, 1}) each lane holds in
-// x, transposed across the warp into the same fragment layout.
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
-    uint32_t y;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
+// The products of the kernels below, on MT 16-row tiles per warp (one shared B fragment feeds all MT).
+template <int M, int N> __device__ __forceinline__ void zero(float (&acc)[M][N][4]) {
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 }
+
+// d (MT x 16 rows, NT x 8 columns) += A B^T over KS x 16 head dimensions: A = 16-row tiles a_tile0..
+// of a row-major tile (e.g. k), B = a tile stored with n as the row (e.g. q, for s^T = k q^T).
+template <int MT, int NT, int KS>
+__device__ __forceinline__ void mma_a_bt(float (&d)[MT][NT][4], const bf16* sA, int a_tile0, const bf16* sB, int ld) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) load_a(a[mt], sA, ld, (a_tile0 + mt) * 16, ks * 16);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bb[4];
+            load_b_nk(bb, sB, ld, np * 16, ks * 16);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(d[mt][2 * np], a[mt], bb[0], bb[1]);
+                mma_bf16(d[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+            }
+        }
+    }
+}
+
+// d (MT x 16 rows, DT x 8 columns) += P B: P = the accumulator of a previous product (MT x 16 rows,
+// NT x 8 columns, rounded to bf16 as A fragments, 16 columns at a time), B = a tile stored with k as
+// the row (e.g. v, for P v).
+template <int MT, int NT, int DT>
+__device__ __forceinline__ void mma_p_b(float (&d)[MT][DT][4], const float (&p)[MT][NT][4], const bf16* sB, int ld) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dpair = 0; dpair < DT / 2; dpair++) {
+            uint32_t bb[4];
+            load_b_kn(bb, sB, ld, kk * 16, dpair * 16);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(d[mt][2 * dpair], pa[mt], bb[0], bb[1]);
+                mma_bf16(d[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
+            }
+        }
+    }
+}
+
+// The backward's P recomputed from a score s and its query's lse (log2 domain, lse_log2 = lse log2(e)):
+// the forward's probability, exp(s scale - lse).
+__device__ __forceinline__ float probability(float s, float sl2, float lse_log2) { return exp2_ftz(fmaf(s, sl2, -lse_log2)); }
+// The causal mask (key j hidden from query t when j > t) is written out in each kernel, in the
+// orientation of its tiles (query < key where the rows are keys, key > query where they are queries):
+// as a shared function, or with its operands turned round, the compiler emits different code for the
+// kernels, and their instruction streams are kept identical across changes to this file.
 
 // ROWS rows of HS values, rows row0.. of a sequence whose row t starts at src + t * stride, into a
 // shared tile with row stride LD; rows >= T are zero-filled. All THREADS threads of the block take
 // part. The trip count is a constant, and where THREADS is a multiple of the chunks per row each
 // thread moves the same column of every STEP-th row, so its addresses advance by constants: a few
-// instructions per 16 bytes, where a loop over runtime bounds took ~18 (the loads were a quarter of
-// the attention kernels' issued instructions).
+// instructions per 16 bytes, where a loop over runtime bounds recomputes row, column and bound for
+// each (these loads are a large share of the attention kernels' instructions).
 template <int HS, int LD, int THREADS, int ROWS>
 __device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, size_t stride, int row0, int T) {
     constexpr int CPR = HS / 8, CHUNKS = ROWS * CPR;  // 16-byte chunks per row, in all
@@ -169,7 +183,7 @@ __device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, size
 #pragma unroll
         for (int i = 0; i < (ROWS + STEP - 1) / STEP; i++) {
             if (ROWS % STEP != 0 && r0 + i * STEP >= ROWS) break;
-            cp_async16(d + i * STEP * LD, p + i * STEP * stride, row0 + r0 + i * STEP < T);
+            cp_async16_zfill(d + i * STEP * LD, p + i * STEP * stride, row0 + r0 + i * STEP < T);
         }
     } else {
 #pragma unroll
@@ -178,7 +192,7 @@ __device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, size
             if (CHUNKS % THREADS != 0 && c >= CHUNKS) break;
             const int r = c / CPR, col = (c % CPR) * 8, t = row0 + r;
             const bool valid = t < T;
-            cp_async16(dst + r * LD + col, src + size_t(valid ? t : 0) * stride + col, valid);
+            cp_async16_zfill(dst + r * LD + col, src + size_t(valid ? t : 0) * stride + col, valid);
         }
     }
 }
@@ -189,7 +203,7 @@ __device__ __forceinline__ void load_floats_async(float* dst, const float* src, 
     for (int i = 0; i < (ROWS + THREADS - 1) / THREADS; i++) {
         const int r = threadIdx.x + i * THREADS;
         if (ROWS % THREADS != 0 && r >= ROWS) break;
-        cp_async4(dst + r, src + row0 + r, row0 + r < T);
+        cp_async4_zfill(dst + r, src + row0 + r, row0 + r < T);
     }
 }
 
@@ -238,7 +252,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();  // tile j is in; every warp is done with tile j - 1, whose buffers are refilled next
         if (j == 0) {
 #pragma unroll
@@ -258,10 +272,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         const bf16* cV = sV + (j & 1) * BC * LD;
 
         float s[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+        zero(s);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
 #pragma unroll
@@ -310,22 +321,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                 for (int dt = 0; dt < DT; dt++) o[mt][dt][hf * 2] *= corr, o[mt][dt][hf * 2 + 1] *= corr;
             }
 
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dp = 0; dp < DT / 2; dp++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cV, LD, kk * 16, dp * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(o[mt][2 * dp], pa[mt], bb[0], bb[1]);
-                    mma_bf16(o[mt][2 * dp + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_p_b(o, s, cV, LD);
     }
 
 #pragma unroll
@@ -359,13 +355,13 @@ void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH
     cuda_check_launch();
 }
 
-// One configuration for every fast-path head size; false where HS has no fast path.
-template <int WARPS, int MT, int BC>
-bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+// The configuration training runs: 4 warps x 2 row tiles, key tiles of 64; at HS 128 one row tile
+// (two spill there). false where HS has no fast path. (The lab runs others: dev/cuda/flash_attention_lab.cuh.)
+inline bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
     switch (HS) {
-        case 64: launch_forward<64, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
-        case 80: launch_forward<80, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
-        case 128: launch_forward<128, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        case 64: launch_forward<64, 4, 2, 64>(out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_forward<80, 4, 2, 64>(out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_forward<128, 4, 1, 64>(out, lse, qkv, B, T, NH, stream); return true;
         default: return false;
     }
 }
@@ -386,63 +382,6 @@ bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, in
 // Every product is issued, committed and waited for at once: the overlap of one warpgroup's softmax
 // with another's products comes from several warpgroups per SM.
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FLASH_HAVE_WGMMA 1
-#endif
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets
-// (stride = between 8-row groups: 1024 bytes for rows of 128 bytes).
-__device__ __forceinline__ uint64_t sw128_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-    return uint64_t((smem_u32(smem) & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |
-           (1ull << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Waits until at most N committed groups of this warpgroup's products are still running.
-template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Registers an in-flight wgmma writes (or reads): the compiler must not touch them before the wait.
-template <int N> __device__ __forceinline__ void keep_regs(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&a)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[i][j])::"memory");
-}
-
-// d (64 x 64, fp32) = A (64 x 16, shared, K-major) B^T (B: 64 x 16, shared, K-major) + (accumulate ? d : 0).
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// d (64 x 128, fp32) = A (64 x 16, shared, K-major) B^T (B: 128 x 16, shared, K-major) + (accumulate ? d : 0).
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// d (64 x 64, fp32) += A (64 x 16, bf16 in registers: each warp its 16 rows as mma.sync's A fragment)
-// B (16 x 64, shared, MN-major: each k's 64 values contiguous).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
-}
-
-
 // ROWS rows of 64 values into a 128-byte swizzled tile (1024-byte aligned); rows >= T zero-filled.
 // As load_rows_async: each thread moves chunk tid % 8 of rows tid / 8 + i STEP; STEP is a multiple of
 // 8, so the chunk's swizzled place (chunk ^ (row % 8)) is the same in all of them.
@@ -454,13 +393,13 @@ __device__ __forceinline__ void load_rows_sw128_async(bf16* dst, const bf16* src
     bf16* d = dst + r0 * 64 + (chunk ^ (r0 & 7)) * 8;
     const bf16* p = src + size_t(row0 + r0) * stride + chunk * 8;  // past T: never read (0 bytes), any address
 #pragma unroll
-    for (int i = 0; i < ROWS / STEP; i++) cp_async16(d + i * STEP * 64, p + i * STEP * stride, row0 + r0 + i * STEP < T);
+    for (int i = 0; i < ROWS / STEP; i++) cp_async16_zfill(d + i * STEP * 64, p + i * STEP * stride, row0 + r0 + i * STEP < T);
 }
 
 template <int NWG, int BC>
 __global__ void __launch_bounds__(NWG * 128)
     forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int HS = 64, BR = NWG * 64, THREADS = NWG * 128;
     static_assert(BC == 64 || BC == 128, "key tile");
     extern __shared__ unsigned char smem_raw[];
@@ -492,7 +431,7 @@ __global__ void __launch_bounds__(NWG * 128)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_smem();
         __syncthreads();  // tile j is in; every warpgroup is done with tile j - 1, whose buffers are refilled next
         if (j + 1 < n_tiles) {
@@ -594,24 +533,8 @@ __global__ void __launch_bounds__(NWG * 128)
 #endif
 }
 
-// True when this process's GPU runs the wgmma kernels: compute capability 9.0 (the build makes
-// sm_90a code for it; other GPUs get other code and take the mma.sync kernels).
-inline bool wgmma_available() {
-    static int cc = -1;
-    if (cc < 0) {
-        int dev = 0, major = 0, minor = 0;
-        cuda_check(cudaGetDevice(&dev));
-        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-        cc = major * 10 + minor;
-    }
-    return cc == 90;
-}
-
-// false where it does not run (HS != 64, or not an sm_90 GPU).
 template <int NWG, int BC>
-bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
-    if (HS != 64 || !wgmma_available()) return false;
+void launch_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, cudaStream_t stream) {
     constexpr int BR = NWG * 64;
     const size_t smem = size_t(BR + 4 * BC) * 64 * sizeof(bf16) + 1024;  // + room to align to 1024
     auto kernel = forward_wgmma_kernel<NWG, BC>;
@@ -620,6 +543,13 @@ bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
     const dim3 grid((T + BR - 1) / BR, NH, B);
     kernel<<<grid, NWG * 128, smem, stream>>>(out, lse, qkv, T, NH, 1.0f / 8.0f);
     cuda_check_launch();
+}
+
+// The configuration training runs: one warpgroup a block, key tiles of 128. false where it does not
+// run (HS != 64, or not an sm_90 GPU).
+inline bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    if (HS != 64 || !wgmma_available()) return false;
+    launch_forward_wgmma<1, 128>(out, lse, qkv, B, T, NH, stream);
     return true;
 }
 
@@ -628,8 +558,8 @@ bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
 
 // D[b, h, t] = sum_d dout * out over the head's HS values. A group of LANES = HS / 8 lanes (rounded up
 // to a power of two) per (b, t, h), each reading one 16-byte vector of dout and of out: the loads
-// are 128-bit and a warp's loads cover whole rows, so this pure read runs near copy speed (one warp per
-// row with 2-byte loads ran at ~30% of DRAM bandwidth, issue-bound).
+// are 128-bit and a warp's loads cover whole rows, so this pure read runs near copy speed (a warp per
+// row with 2-byte loads is issue-bound, far below it).
 template <int HS>
 __global__ void backward_dot_kernel(float* D, const bf16* dout, const bf16* out, int B, int T, int NH) {
     constexpr int VECS = HS / 8, LANES = VECS <= 8 ? 8 : VECS <= 16 ? 16 : 32, ROWS_PER_WARP = 32 / LANES;
@@ -660,7 +590,7 @@ __global__ void backward_dot_plain_kernel(float* D, const bf16* dout, const bf16
     const size_t off = size_t(row / NH) * NH * HS + size_t(h) * HS;
     float sum = 0.0f;
     for (int d = lane; d < HS; d += 32) sum += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     if (lane == 0) D[(size_t(b) * NH + h) * T + t] = sum;
 }
 
@@ -723,15 +653,11 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     cp_async_commit();
 
     float dk[MT][DT][4], dv[MT][DT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dk[mt][dt][e] = dv[mt][dt][e] = 0.0f;
+    zero(dk);
+    zero(dv);
 
     for (int qt = qt0; qt < n_qt; qt++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
         const int st = (qt - qt0) & 1;
         if (qt + 1 < n_qt) {
@@ -747,28 +673,9 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 
         // s^T = k q^T (this warp's MT x 16 keys x BQ queries)
         float s[MT][NT][4], dp[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) load_a(a[mt], sK, LD, (warp * MT + mt) * 16, ks * 16);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bb[4];
-                load_b_nk(bb, cQ, LD, np * 16, ks * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(s[mt][2 * np], a[mt], bb[0], bb[1]);
-                    mma_bf16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        zero(s);
+        zero(dp);
+        mma_a_bt<MT, NT, KS>(s, sK, warp * MT, cQ, LD);
         // P^T from the saved lse; masked: query before key, or past T
         const bool mask = q0 < wk0 + MT * 16 - 1 || q0 + BQ > T;
 #pragma unroll
@@ -778,44 +685,14 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + mt * 16 + g + (e >> 1) * 8, query = q0 + qi;
-                    float p = exp2_ftz(fmaf(s[mt][nt][e], sl2, -cL[qi] * kLog2e));
+                    float p = probability(s[mt][nt][e], sl2, cL[qi] * kLog2e);
                     if (mask && (query < key || query >= T)) p = 0.0f;
                     s[mt][nt][e] = p;
                 }
         // dv += P^T dO
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dpair = 0; dpair < DT / 2; dpair++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cO, LD, kk * 16, dpair * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(dv[mt][2 * dpair], pa[mt], bb[0], bb[1]);
-                    mma_bf16(dv[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_p_b(dv, s, cO, LD);
         // dP^T = v dO^T
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) load_a(a[mt], sV, LD, (warp * MT + mt) * 16, ks * 16);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bb[4];
-                load_b_nk(bb, cO, LD, np * 16, ks * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(dp[mt][2 * np], a[mt], bb[0], bb[1]);
-                    mma_bf16(dp[mt][2 * np + 1], a[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_a_bt<MT, NT, KS>(dp, sV, warp * MT, cO, LD);
         // dS^T = P^T * (dP^T - D)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -824,7 +701,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     dp[mt][nt][e] = s[mt][nt][e] * (dp[mt][nt][e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
-        // dk += dS^T q
+        // dk += dS^T q: mma_p_b's loop, with each slice of dS^T stored between its packing and its products
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             uint32_t pa[MT][4];
@@ -909,13 +786,10 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
             Dr[mt][hf] = row < T ? Dsum[i] : 0.0f;
         }
     float dq[MT][DT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) dq[mt][dt][0] = dq[mt][dt][1] = dq[mt][dt][2] = dq[mt][dt][3] = 0.0f;
+    zero(dq);
 
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
         if (j + 1 < n_tiles) {
             const int st = (j + 1) & 1;
@@ -929,12 +803,8 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         const bf16* cV = sV + (j & 1) * BK * LD;
 
         float s[MT][NT][4], dp[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+        zero(s);
+        zero(dp);
         // s = q k^T and dP = dO v^T
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
@@ -970,27 +840,12 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int hf = e >> 1, row = wq0 + mt * 16 + g + hf * 8, key = k0 + nt * 8 + 2 * c4 + (e & 1);
-                    float p = exp2_ftz(fmaf(s[mt][nt][e], sl2, -l2[mt][hf]));
+                    float p = probability(s[mt][nt][e], sl2, l2[mt][hf]);
                     if (mask && key > row) p = 0.0f;
                     dp[mt][nt][e] = p * (dp[mt][nt][e] - Dr[mt][hf]);
                 }
         // dq += dS k
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dpair = 0; dpair < DT / 2; dpair++) {
-                uint32_t bb[4];
-                load_b_kn(bb, cK, LD, kk * 16, dpair * 16);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(dq[mt][2 * dpair], pa[mt], bb[0], bb[1]);
-                    mma_bf16(dq[mt][2 * dpair + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
-        }
+        mma_p_b(dq, dp, cK, LD);
     }
 
 #pragma unroll
@@ -1036,7 +891,7 @@ __global__ void __launch_bounds__(kDsTile * 2)
     for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
 
     for (int j = 0; j <= qt; j++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
         if (j < qt) {
             load_rows_async<HS, LD, THREADS, BK>(sK + ((j + 1) & 1) * BK * LD, k_src, stride, (j + 1) * BK, T);
@@ -1082,42 +937,53 @@ void launch_backward_dot(float* D, const bf16* dout, const bf16* out, int B, int
     cuda_check_launch();
 }
 
-// Key-side kernel: WK warps x MK 16-key tiles, query tiles of BQ; query-side kernel: WQ warps x MQ
-// 16-query tiles, key tiles of BK. KMIN / QMIN: blocks per SM each kernel's registers must allow
-// (__launch_bounds__; 1 leaves the compiler free). ds (nullptr: recompute): room for the dS tiles
-// (backward_ds_bytes); the key side stores them and backward_dq_from_ds_kernel replaces the query side
-// (configurations with kDsTile-key blocks and kDsTile-query tiles only).
-template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN, int QMIN>
+// One launch of each backward kernel, in the configuration its template names (training's is in
+// launch_backward below; the lab runs others, dev/cuda/flash_attention_lab.cuh). MIN_BLOCKS: blocks per
+// SM the kernel's registers must allow (__launch_bounds__; 1 leaves the compiler free).
+template <int HS, int WARPS, int MT, int BQ, int MIN_BLOCKS, bool STORE_DS>
+void launch_backward_dkdv(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* D, const bf16* qkv, int B,
+                          int T, int NH, float scale, cudaStream_t stream) {
+    constexpr int BK = WARPS * MT * 16;
+    const size_t smem = size_t(2 * BK + 4 * BQ) * (HS + 8) * sizeof(bf16) + 4 * BQ * sizeof(float);
+    auto kernel = backward_dkdv_kernel<HS, WARPS, MT, BQ, MIN_BLOCKS, STORE_DS>;
+    static bool configured = false;
+    if (!configured) allow_smem(kernel, smem), configured = true;
+    kernel<<<dim3((T + BK - 1) / BK, NH, B), WARPS * 32, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
+    cuda_check_launch();
+}
+template <int HS, int WARPS, int MT, int BK, int MIN_BLOCKS>
+void launch_backward_dq(bf16* dqkv, const bf16* dout, const float* lse, const float* D, const bf16* qkv, int B, int T, int NH,
+                        float scale, cudaStream_t stream) {
+    constexpr int BQ = WARPS * MT * 16;
+    const size_t smem = size_t(2 * BQ + 4 * BK) * (HS + 8) * sizeof(bf16);
+    auto kernel = backward_dq_kernel<HS, WARPS, MT, BK, MIN_BLOCKS>;
+    static bool configured = false;
+    if (!configured) allow_smem(kernel, smem), configured = true;
+    kernel<<<dim3((T + BQ - 1) / BQ, NH, B), WARPS * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
+    cuda_check_launch();
+}
+template <int HS> void launch_backward_dq_from_ds(bf16* dqkv, const uint4* ds, const bf16* qkv, int B, int T, int NH, float scale,
+                                                  cudaStream_t stream) {
+    const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
+    backward_dq_from_ds_kernel<HS><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T, NH,
+                                                                                                           scale);
+    cuda_check_launch();
+}
+
+// The configuration training runs: both kernels 4 warps x 16 rows, streamed tiles of 64. ds (nullptr:
+// recompute): room for the dS tiles (backward_ds_bytes); the key side stores them and
+// backward_dq_from_ds_kernel replaces the query side.
+template <int HS>
 void launch_backward(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B,
                      int T, int NH, cudaStream_t stream) {
-    constexpr int BKB = WK * MK * 16;
-    constexpr bool kCanStore = BKB == kDsTile && BQ == kDsTile;
-    if (ds && !kCanStore) fail("flash attention backward: this configuration cannot store dS tiles");
     launch_backward_dot<HS>(D, dout, out, B, T, NH, stream);
     const float scale = 1.0f / sqrtf(float(HS));
-    {
-        const size_t smem = size_t(2 * BKB + 4 * BQ) * (HS + 8) * sizeof(bf16) + 4 * BQ * sizeof(float);
-        auto kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, false>;
-        if constexpr (kCanStore)
-            if (ds) kernel = backward_dkdv_kernel<HS, WK, MK, BQ, KMIN, true>;
-        static bool configured[2] = {false, false};
-        if (!configured[ds != nullptr]) allow_smem(kernel, smem), configured[ds != nullptr] = true;
-        kernel<<<dim3((T + BKB - 1) / BKB, NH, B), WK * 32, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
-        cuda_check_launch();
-    }
     if (ds) {
-        const size_t smem = size_t(2 * kDsTile) * (HS + 8) * sizeof(bf16);
-        backward_dq_from_ds_kernel<HS><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, smem, stream>>>(dqkv, ds, qkv, T,
-                                                                                                               NH, scale);
-        cuda_check_launch();
+        launch_backward_dkdv<HS, 4, 1, 64, 1, true>(dqkv, ds, dout, lse, D, qkv, B, T, NH, scale, stream);
+        launch_backward_dq_from_ds<HS>(dqkv, ds, qkv, B, T, NH, scale, stream);
     } else {
-        constexpr int BQB = WQ * MQ * 16;
-        const size_t smem = size_t(2 * BQB + 4 * BK) * (HS + 8) * sizeof(bf16);
-        auto kernel = backward_dq_kernel<HS, WQ, MQ, BK, QMIN>;
-        static bool configured = false;
-        if (!configured) allow_smem(kernel, smem), configured = true;
-        kernel<<<dim3((T + BQB - 1) / BQB, NH, B), WQ * 32, smem, stream>>>(dqkv, dout, lse, D, qkv, T, NH, scale);
-        cuda_check_launch();
+        launch_backward_dkdv<HS, 4, 1, 64, 1, false>(dqkv, ds, dout, lse, D, qkv, B, T, NH, scale, stream);
+        launch_backward_dq<HS, 4, 1, 64, 1>(dqkv, dout, lse, D, qkv, B, T, NH, scale, stream);
     }
 }
 
@@ -1138,7 +1004,7 @@ constexpr int kDkdvWgmmaMinBlocks = 3;
 __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
     backward_dkdv_wgmma_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum, const bf16* qkv,
                                int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 128, TILE = 64 * 64;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
@@ -1179,7 +1045,7 @@ __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
 
     for (int qt = qt0; qt < n_qt; qt++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_smem();
         __syncthreads();  // tile qt is in; the products of tile qt - 1 are done (waited for below)
         const int st = (qt - qt0) & 1;
@@ -1213,7 +1079,7 @@ __global__ void __launch_bounds__(128, kDkdvWgmmaMinBlocks)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + g + (e >> 1) * 8, query = q0 + qi;
-                float p = exp2_ftz(fmaf(s[4 * nt + e], sl2, -cL[qi] * kLog2e));
+                float p = probability(s[4 * nt + e], sl2, cL[qi] * kLog2e);
                 if (mask && (query < key || query >= T)) p = 0.0f;
                 s[4 * nt + e] = p;
             }
@@ -1281,10 +1147,7 @@ inline bool backward_wgmma(bf16* dqkv, float* D, uint4* ds, const bf16* dout, co
     if (!configured) allow_smem(backward_dkdv_wgmma_kernel, smem), configured = true;
     backward_dkdv_wgmma_kernel<<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
-    const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
-    backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
-                                                                                                             scale);
-    cuda_check_launch();
+    launch_backward_dq_from_ds<64>(dqkv, ds, qkv, B, T, NH, scale, stream);
     return true;
 }
 
@@ -1294,13 +1157,13 @@ inline size_t backward_ds_bytes(int B, int T, int NH) {
     return ds_tile_index(B, 0, NH, n, 0, 0) * kDsTileVecs * sizeof(uint4);
 }
 
-template <int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN = 1, int QMIN = 1>
-bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
-                 int NH, int HS, cudaStream_t stream, uint4* ds = nullptr) {
+// false where HS has no fast path.
+inline bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
+                        int NH, int HS, cudaStream_t stream, uint4* ds = nullptr) {
     switch (HS) {
-        case 64: launch_backward<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 80: launch_backward<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
-        case 128: launch_backward<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 64: launch_backward<64>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_backward<80>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_backward<128>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
         default: return false;
     }
 }
@@ -1312,14 +1175,6 @@ bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const 
 
 constexpr int kPlainWarps = 4, kPlainPerLane = kPlainMaxHS / 32;
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ float dot_row(const float* x, const bf16* y, int HS) {
     float s = 0.0f;
     for (int d = 0; d < HS; d++) s += x[d] * __bfloat162float(y[d]);
@@ -1497,9 +1352,7 @@ inline void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_b
     check_shape(B, T, NH, HS);
     const bool fast = flash_attention_supported(HS) && is_aligned16(out) && is_aligned16(qkv);
     if (fast) {
-        if (forward_wgmma<1, 128>(out, lse, qkv, B, T, NH, HS, stream)) return;  // HS 64 on an H100/H200
-        if (HS == 128) forward_tc<4, 1, 64>(out, lse, qkv, B, T, NH, HS, stream);  // 2 row tiles spill here
-        else forward_tc<4, 2, 64>(out, lse, qkv, B, T, NH, HS, stream);
+        if (!forward_wgmma(out, lse, qkv, B, T, NH, HS, stream)) forward_tc(out, lse, qkv, B, T, NH, HS, stream);
     } else {
         forward_plain(out, lse, qkv, B, T, NH, HS, stream);
     }
@@ -1513,8 +1366,9 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int H
 
 // Optional second scratch for the backward: room for dS, bf16, in 64 x 64 tiles on and below the
 // diagonal (B NH n (n + 1) / 2 tiles of 8 KB, n = ceil(T / 64); 0.86 GB at B=64 NH=12 T=1024). Given
-// it, the dk/dv pass stores dS and the dq pass reads it back instead of recomputing it (H100, B=64
-// NH=12 T=1024 HS=64: 1.83 -> 1.51 ms, dev/cuda/README.md); without it, or too small, dq recomputes.
+// it, the dk/dv pass stores dS and the dq pass reads it back instead of recomputing it (5 matrix
+// products instead of 7; faster at GPT-2's shapes, dev/cuda/README.md); without it, or too small, dq
+// recomputes.
 inline size_t flash_attention_backward_ds_bytes(int B, int T, int NH, int HS) {
     return flash_attention_supported(HS) ? flash_detail::backward_ds_bytes(B, T, NH) : 0;
 }
@@ -1549,8 +1403,7 @@ inline void flash_attention_backward(__nv_bfloat16* dqkv, void* scratch, const _
     if (fast) {
         const bool store_ds = ds_scratch && is_aligned16(ds_scratch) && ds_scratch_bytes >= backward_ds_bytes(B, T, NH);
         if (store_ds && backward_wgmma(dqkv, D, static_cast<uint4*>(ds_scratch), dout, out, lse, qkv, B, T, NH, HS, stream)) return;
-        backward_tc<4, 1, 64, 4, 1, 64>(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream,
-                                        store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
+        backward_tc(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream, store_ds ? static_cast<uint4*>(ds_scratch) : nullptr);
     } else {
         backward_plain(dqkv, D, dout, out, lse, qkv, B, T, NH, HS, stream);
     }

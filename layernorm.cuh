@@ -29,9 +29,9 @@
 //     each partial row, summed by the same finalize and rounded into T once. The vector kernel keeps
 //     each thread's 16 running sums in shared memory (private slots, no barrier), not registers: it
 //     already uses all 128 registers at 512 threads, and 16 more would spill. A template bool
-//     (COLSUM) selects it, so without next_dbias the kernels compile to the code they were (same
-//     PTX; the finalize only takes one more, unused, pointer). The scratch is sized for it (3 C
-//     floats per partial row instead of 2).
+//     (COLSUM) selects it, so without next_dbias the kernels carry none of it (the finalize only
+//     takes one more, unused, pointer). The scratch is sized for it (3 C floats per partial row
+//     instead of 2).
 //   - Two paths each. The vector path (C a multiple of 16 / sizeof(T), every pointer 16-byte
 //     aligned, C <= 16384 forward, C <= 8192 backward) keeps the row in registers:
 //     one read of x (128-bit plain loads, all issued before the first use), a two-pass
@@ -45,8 +45,11 @@
 #pragma once
 
 #include "common.cuh"
+#include "ptx.cuh"
 
 namespace layernorm_detail {
+
+using namespace ptx;
 
 constexpr float kEps = 1e-5f;
 constexpr int kForwardColsPerThread = 32;  // forward: up to 32 columns of the row per thread, in registers
@@ -56,19 +59,13 @@ constexpr int kBackwardMaxWarpsPerRow = 16;  // 512 threads per row: vector back
 constexpr int kForwardMinBlock = 256;   // bf16 forward blocks hold at least this many threads (several rows when rows are short)
 constexpr int kBackwardMinBlock = 512;  // persistent backward blocks: 16 warps, at most 8 row groups (named barriers 1..8)
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;  // butterfly: every lane holds the same bits
-}
-
 // Barrier for the WPR warps of one row group. With several row groups per block each group uses its
 // own named barrier (ids 1..15), so a group never waits for another group's loads.
 template <int WPR, int BLOCK> __device__ __forceinline__ void row_group_sync(int group) {
     if constexpr (BLOCK / (32 * WPR) == 1) {
         __syncthreads();
     } else {
-        asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(32 * WPR) : "memory");
+        named_barrier_sync<32 * WPR>(group + 1);
     }
 }
 
@@ -112,11 +109,10 @@ template <int WPR> __host__ __device__ constexpr int backward_block_threads() { 
 // ---------------------------------------------------------------------------------------------
 // Forward, vector path: row in registers, one 128-bit read of x, one write.
 
-// The forward's launch choices, measured on the H100 (dev/cuda/README.md, "plain loads"): x is read
-// with plain loads, not streaming (evict-first) ones, which cost 1-7 points of copy bandwidth in fp32
-// (89-94% -> 95-98%); fp32 blocks hold one row group (32 WPR threads), which gained up to 1 point
-// more there, while bf16 keeps blocks of at least 256 threads. The lab keeps the other choices as
-// its own variants (dev/layernorm/layernorm_lab.cuh).
+// The forward's launch choices, the faster ones in the lab (figures: docs/layernorm.md): x is read
+// with plain loads, not streaming (evict-first) ones; fp32 blocks hold one row group (32 WPR
+// threads), bf16 blocks at least 256 threads. The lab keeps the other choices as its own variants
+// (dev/cuda/layernorm_lab.cuh).
 template <typename T> constexpr int kForwardMinBlockOf = sizeof(T) == 4 ? 32 : kForwardMinBlock;
 template <typename T, int WPR> __host__ __device__ constexpr int forward_block_threads() {
     return block_threads<WPR, kForwardMinBlockOf<T>>();
@@ -214,19 +210,8 @@ __global__ void __launch_bounds__(256)
 // PREFETCH: while a row is reduced and written, the next row's x, dy, dx, mean and rstd are already
 // on their way into shared memory (cp.async, double-buffered, each thread copies and later reads
 // only its own slots, so no barrier is needed). bf16 wants it: its 16 columns per thread are half
-// the bytes of fp32's, too few in flight to cover memory latency (74-82% of copy without it), and
-// prefetching into registers instead spills (the kernel already uses all 128 of them).
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {  // .cg: L2 only, data read once
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING> __device__ __forceinline__ void cp_async_wait() {  // all but the newest PENDING groups landed
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-}
+// the bytes of fp32's, too few in flight to cover memory latency without it, and prefetching into
+// registers instead spills (the kernel already uses all 128 of them).
 
 template <typename T, int K> struct BackwardRow {
     Vec128<T> x[K], dy[K], dx[K];
@@ -530,8 +515,8 @@ inline int forward_min_warps_per_row(int C) {
     return 0;
 }
 
-// The forward's choice: that, doubled for fp32 rows longer than 2048 (16 columns per thread; on the
-// H100, fp32 C = 4096 ran at 99.6% of copy with 8 warps per row, 98.3% with 4).
+// The forward's choice: that, doubled for fp32 rows longer than 2048 (16 columns per thread, the
+// faster of the two in the lab: docs/layernorm.md).
 template <typename T> inline int forward_warps_per_row(int C) {
     const int wpr = forward_min_warps_per_row(C);
     return sizeof(T) == 4 && C > 2048 && wpr && wpr < kForwardMaxWarpsPerRow ? 2 * wpr : wpr;
@@ -613,8 +598,6 @@ inline int backward_general_grid(int N, int C, int sections = 2) {
     return (int)std::max<size_t>(1, std::min<size_t>({size_t(N), size_t(2) * device_sm_count(), cap}));
 }
 
-inline int backward_block_threads_any(int wpr) { return block_threads_of(wpr, kBackwardMinBlock); }
-
 // The vector kernel alone, with wpr = backward_warps_per_row<T>(C) warps per row; returns its grid
 // (the number of partial rows it wrote).
 template <typename T, bool PREFETCH, bool COLSUM>
@@ -649,13 +632,13 @@ void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, floa
     cuda_check_launch();
 }
 
-// layernorm_backward passes PREFETCH = kBackwardPrefetch<T> (bf16 prefetches, fp32 does not); the lab
-// also runs bf16 without the prefetch (its version 7). A null next_dbias runs the kernels without the
-// column sums (COLSUM = false).
-template <typename T, bool PREFETCH>
+// With the prefetch where T takes it (kBackwardPrefetch). A null next_dbias runs the kernels without
+// the column sums (COLSUM = false).
+template <typename T>
 void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
                      const float* mean, const float* rstd, int N, int C, cudaStream_t stream, T* next_dbias = nullptr) {
     if (N <= 0 || C <= 0) return;
+    constexpr bool PREFETCH = kBackwardPrefetch<T>;
     float* partials = static_cast<float*>(scratch);
     if (next_dbias)
         backward_launch_sections<T, PREFETCH, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean,
@@ -703,9 +686,8 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     if (N <= 0 || C <= 0) return 0;
     size_t floats = std::max(size_t(backward_general_grid(N, C, 2)) * 2 * C, size_t(backward_general_grid(N, C, 3)) * 3 * C);
     for (int wpr : {backward_warps_per_row<float>(C), backward_warps_per_row<__nv_bfloat16>(C)})
-        if (wpr)  // the header's kernels, and the lab's version without the prefetch
-            floats = std::max({floats, backward_vec_partial_floats<float, false>(N, C, wpr),
-                               backward_vec_partial_floats<__nv_bfloat16, false>(N, C, wpr),
+        if (wpr)
+            floats = std::max({floats, backward_vec_partial_floats<float, kBackwardPrefetch<float>>(N, C, wpr),
                                backward_vec_partial_floats<__nv_bfloat16, kBackwardPrefetch<__nv_bfloat16>>(N, C, wpr)});
     return floats * sizeof(float);
 }
@@ -726,6 +708,6 @@ template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
                         const float* mean, const float* rstd, int N, int C,
                         const LayerNormBackwardOptions<T>& options = LayerNormBackwardOptions<T>()) {
-    layernorm_detail::backward_launch<T, layernorm_detail::kBackwardPrefetch<T>>(
-        dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, options.stream, options.next_dbias);
+    layernorm_detail::backward_launch<T>(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, options.stream,
+                                         options.next_dbias);
 }

@@ -28,66 +28,14 @@
 // The versions that led here and their measurements: dev/cuda/matmul_wgmma.cu and docs/matmul.md.
 #pragma once
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 
 #include "common.cuh"
-#include "flash_attention.cuh"  // smem_u32, sw128_desc, the wgmma fences and waits, keep_regs, exp2_ftz
+#include "ptx.cuh"
 
 namespace lm_head_detail {
 using bf16 = __nv_bfloat16;
-using flash_detail::exp2_ftz;
-using flash_detail::fence_proxy_async_smem;
-using flash_detail::keep_regs;
-using flash_detail::smem_u32;
-using flash_detail::sw128_desc;
-using flash_detail::wgmma_commit;
-using flash_detail::wgmma_fence;
-using flash_detail::wgmma_wait;
-
-// PTX wrappers: mbarriers, the TMA, clusters, register reallocation, one wgmma shape.
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// One arrival that also tells the barrier how many bytes the TMA will deliver in this phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-// Waits until the phase of the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    const uint32_t addr = smem_u32(bar);
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(addr), "r"(parity)
-                     : "memory");
-}
-// A box of the tensor map at (c0 = column, c1 = row) into shared memory; its bytes complete on bar.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-            smem_u32(dst)),
-        "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-        : "memory");
-}
-template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-// d (64 x 192, fp32) = A (64 x 16, shared, K-major) B^T (B: 192 x 16, shared, K-major) + (accumulate ? d : 0).
-__device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
+using namespace ptx;
 
 // Output tile t of the persistent loop, in units of `unit_rows` rows: groups of `group` row units,
 // and within a group the row unit changes fastest, so the blocks running at once share a few b tiles
@@ -99,52 +47,6 @@ __host__ __device__ __forceinline__ void tile_origin(int t, int num_m, int num_n
     m0 = (first + local % rows) * unit_rows;
     n0 = (local / rows) * unit_cols;
 }
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrives on the barrier at the same shared address in block `rank` of this cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
-                 "r"(rank)
-                 : "memory");
-}
-// As tma_load_2d, into the same shared address of every block in `mask`, completing on each one's bar.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(
-            smem_u32(dst)),
-        "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
-        : "memory");
-}
-
-// A row-major (rows, K) bf16 matrix as a TMA tensor map: boxes of box_rows x 64 values (128 bytes, the
-// swizzle's span); loads outside the matrix read zeros, stores there write nothing.
-inline CUtensorMap make_tensor_map(const bf16* ptr, int rows, int K, int box_rows) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-        cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
-                                                    cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || !encode) fail("cuTensorMapEncodeTiled: not found in the driver");
-    }
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)}, strides[1] = {cuuint64_t(K) * sizeof(bf16)};
-    const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(ptr), dims, strides, box,
-                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) fail("cuTensorMapEncodeTiled: error %d (rows %d, K %d)", (int)r, rows, K);
-    return map;
-}
-
-
 
 constexpr int kBM = 128, kBN = 192, kBK = 64;      // a tile (kBM x kBN) and a k-slice's columns
 constexpr int kStages = 4, kThreads = 384;         // the ring's depth; a loader and two consumer warpgroups
@@ -197,7 +99,7 @@ __device__ __forceinline__ void exp_epilogue(float (&acc)[kBN / 2], int row0, in
 __global__ void __launch_bounds__(kThreads, 1)
     exp_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                     const __grid_constant__ CUtensorMap map_out, int M, int N, int K, int group, ExpOut eo) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int kBoxes = kBN / 64;  // 64 x 64 boxes of a staged half
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -215,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_init(&empty[s], 4 * 2);  // the 4 warps of the consumer whose tile the stage holds, in each block
         }
         for (int c = 0; c < 2; c++) mbar_init(&turn[c], 4);  // the other consumer's 4 warps
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     cluster_sync();
     const int num_m = (M + 2 * kBM - 1) / (2 * kBM), num_n = (N + kBN - 1) / kBN, tiles = num_m * num_n;
@@ -294,8 +196,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             // chunk c ^ (r % 8): the accumulator fragments land without bank conflicts).
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                if (leader) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the last stores have read it
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                if (leader) bulk_wait_read();  // the last stores have read it
+                named_barrier_sync<128>(1 + consumer);
                 const float* acc = h == 0 ? acc0 : acc1;
 #pragma unroll
                 for (int jj = 0; jj < kBN / 8; jj++) {
@@ -304,18 +206,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                     *reinterpret_cast<__nv_bfloat162*>(box + 8 * 128) = __floats2bfloat162_rn(acc[4 * jj + 2], acc[4 * jj + 3]);
                 }
                 fence_proxy_async_smem();  // generic-proxy writes, read by the TMA (async proxy)
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                named_barrier_sync<128>(1 + consumer);
                 if (leader) {
 #pragma unroll
                     for (int c = 0; c < kBoxes; c++)
-                        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(&map_out),
-                                     "r"(smem_u32(staging + c * 8192)), "r"(n0 + 64 * c), "r"(m0 + 64 * h)
-                                     : "memory");
-                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                        tma_store_2d(&map_out, staging + c * 8192, n0 + 64 * c, m0 + 64 * h);
+                    bulk_commit();
                 }
             }
         }
-        if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        if (leader) bulk_wait();
     }
     __syncwarp();
     cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
@@ -327,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Whether this build's device code has the wgmma path (sm_90a) for the GPU it runs on: a PTX JIT
 // build for another architecture (GPU_ARCH=80 on an H100) runs on compute capability 9.0 without it.
 __global__ void wgmma_built_kernel(int* built) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     *built = 1;
 #else
     *built = 0;
@@ -389,7 +289,7 @@ __global__ void target_logit_kernel(float* shift, const bf16* x, const bf16* w, 
             dot = fmaf(xf.y, wf.y, dot);
         }
     }
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    dot = warp_sum(dot);
     if (lane == 0) shift[row] = dot;
 }
 
@@ -407,7 +307,7 @@ __global__ void exp_loss_kernel(float* losses, float* scale, bf16* E, const floa
     if (row >= M) return;
     float s = 0.0f;
     for (int t = lane; t < tiles; t += 32) s += tile_sums[size_t(row) * tiles + t];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (lane == 0) {
         const bool taken = s <= kMaxRowSum;  // (false for NaN too)
         losses[row] = taken ? logf(s) : NAN;
@@ -440,7 +340,7 @@ __global__ void scale_rows_kernel(bf16* out, const bf16* in, const float* scale,
 // True where the exp head runs: a compute capability 9.0 GPU, device code built for sm_90a, C and the
 // padded vocabulary multiples of 8.
 inline bool lm_head_exp_usable(int C, int Vp) {
-    if (C % 8 || Vp % 8 || !flash_detail::wgmma_available()) return false;
+    if (C % 8 || Vp % 8 || !ptx::wgmma_available()) return false;
     static int built = -1;
     if (built < 0) {
         int* d_built = nullptr;

@@ -21,11 +21,9 @@
 //     refuses the one it offered, or a leading dimension is not whole 16-byte vectors (see
 //     matmul_plan), a plain cublasGemmEx plus a bias kernel (plus the GELU kernels where GELU was to
 //     be fused): the same result, unfused. dweight (D += in place, beta = 1) goes through cuBLASLt
-//     as well since commit 4d56780, tuned like the rest (the tuner puts D back before every
-//     candidate's run); it was on cublasGemmEx before, where the heuristic's own lists held nothing
-//     faster.
+//     as well, tuned like the rest (the tuner puts D back before every candidate's run).
 //   - Each cuBLASLt plan is tuned on its first call (matmul_tune): the fastest of the heuristic's
-//     candidates (up to 16 asked; it offered at most 8 for GPT-2's shapes on the H100) among those
+//     candidates (up to 16 asked) among those
 //     whose output is bit for bit its first choice's. So the choice costs nothing in determinism.
 //     With tune_wide (train_gpt -tw 1) the candidates also include the configurations around the
 //     heuristic's (matmul_config_space), screened within a time budget per plan, same rule.
@@ -38,8 +36,7 @@
 //     one (reads 1 tensor, writes 1) instead of the fused residual + LayerNorm (reads 2, writes 2):
 //     one (N, C) pass less per LayerNorm, 24 a step at d12, for the GEMM's read of C in its epilogue.
 //     Numerics: the sum is fp32 (accumulator + bias + residual; the order of those two adds inside
-//     the epilogue is cuBLASLt's, undocumented) rounded once to T, where block_out used to be rounded
-//     to T and then added in the LayerNorm kernel and rounded again. The plain path copies the
+//     the epilogue is cuBLASLt's, undocumented) rounded once to T. The plain path copies the
 //     residual into out and runs the GEMM with beta = 1, then the bias kernel: fp32 accumulator +
 //     residual rounded to T, then + bias rounded again (as its bias always was). out must not
 //     overlap the residual: the first call's tuning reruns the matmul, which is idempotent only
@@ -108,6 +105,11 @@ struct BlasStream {
     void* workspace = nullptr;
 };
 
+template <typename T> struct OnesVector {
+    T* ptr = nullptr;
+    size_t count = 0;
+};
+
 // One set of handles per process, made by blas_init() before the first matmul.
 struct BlasContext {
     cublasHandle_t handle = nullptr;  // the default stream's (streams[0])
@@ -115,10 +117,11 @@ struct BlasContext {
     void* workspace = nullptr;        // the default stream's
     size_t workspace_bytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper
     std::vector<BlasStream> streams;  // the default stream first, then any other that ran a matmul
-    // Vectors of ones (fp32 and bf16, so one process can run both precisions, as the lab does), for dbias.
-    float* ones_f32 = nullptr;
-    __nv_bfloat16* ones_bf16 = nullptr;
-    size_t ones_count = 0;
+    // Vectors of ones for dbias (matmul_backward's matrix-vector product), one per precision: blas_init
+    // makes floatX's; a program that runs matmul_backward in the other precision too makes that one
+    // with blas_init_ones.
+    OnesVector<float> ones_f32;
+    OnesVector<__nv_bfloat16> ones_bf16;
     // Matmuls asked to fuse GELU (forward or backward): how many ran in a cuBLASLt epilogue, how
     // many took the unfused path (no algorithm for the shape/alignment). Reported by the programs.
     size_t gelu_fused = 0, gelu_unfused = 0;
@@ -157,29 +160,40 @@ inline const BlasStream& blas_stream(cudaStream_t stream) {
     return b.streams.back();
 }
 
-template <typename T> const T* blas_ones();
-template <> inline const float* blas_ones<float>() { return blas().ones_f32; }
-template <> inline const __nv_bfloat16* blas_ones<__nv_bfloat16>() { return blas().ones_bf16; }
+template <typename T> OnesVector<T>& blas_ones_vector();
+template <> inline OnesVector<float>& blas_ones_vector<float>() { return blas().ones_f32; }
+template <> inline OnesVector<__nv_bfloat16>& blas_ones_vector<__nv_bfloat16>() { return blas().ones_bf16; }
 
 template <typename T> __global__ void fill_ones_kernel(T* x, size_t n) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] = from_float<T>(1.0f);
 }
 
-// max_rows: the largest N any matmul_backward will see (sizes the ones vectors).
+// max_rows ones of T: at least the rows of any matmul_backward<T> with a dbias.
+template <typename T> void blas_init_ones(size_t max_rows) {
+    OnesVector<T>& ones = blas_ones_vector<T>();
+    if (ones.ptr) cuda_check(cudaFree(ones.ptr));
+    ones.count = std::max<size_t>(max_rows, 1);
+    ones.ptr = static_cast<T*>(device_malloc(ones.count * sizeof(T), "matmul ones vector"));
+    fill_ones_kernel<T><<<256, 256>>>(ones.ptr, ones.count);
+    cuda_check_launch();
+}
+
+// The ones of T for a product over `rows` rows.
+template <typename T> const T* blas_ones(size_t rows) {
+    const OnesVector<T>& ones = blas_ones_vector<T>();
+    if (rows > ones.count) fail("matmul: %zu rows, the %s ones vector holds %zu", rows, sizeof(T) == 4 ? "fp32" : "bf16", ones.count);
+    return ones.ptr;
+}
+
+// max_rows: the largest N any matmul_backward will see (sizes floatX's ones vector).
 inline void blas_init(size_t max_rows) {
     BlasContext& b = blas();
     cublas_check(cublasLtCreate(&b.lt));
     const BlasStream& main = blas_stream(0);
     b.handle = main.handle, b.workspace = main.workspace;
     b.hash = static_cast<unsigned long long*>(device_malloc(sizeof(unsigned long long), "matmul tuning hash"));
-    b.ones_count = std::max<size_t>(max_rows, 1);
-    b.ones_f32 = static_cast<float*>(device_malloc(b.ones_count * sizeof(float), "matmul ones vector"));
-    b.ones_bf16 = static_cast<__nv_bfloat16*>(device_malloc(b.ones_count * sizeof(__nv_bfloat16), "matmul ones vector"));
-    fill_ones_kernel<float><<<256, 256>>>(b.ones_f32, b.ones_count);
-    cuda_check_launch();
-    fill_ones_kernel<__nv_bfloat16><<<256, 256>>>(b.ones_bf16, b.ones_count);
-    cuda_check_launch();
+    blas_init_ones<floatX>(max_rows);
 }
 
 inline void blas_destroy() {
@@ -190,8 +204,8 @@ inline void blas_destroy() {
     }
     if (b.lt) cublas_check(cublasLtDestroy(b.lt));
     if (b.hash) cuda_check(cudaFree(b.hash));
-    if (b.ones_f32) cuda_check(cudaFree(b.ones_f32));
-    if (b.ones_bf16) cuda_check(cudaFree(b.ones_bf16));
+    if (b.ones_f32.ptr) cuda_check(cudaFree(b.ones_f32.ptr));
+    if (b.ones_bf16.ptr) cuda_check(cudaFree(b.ones_bf16.ptr));
     b = BlasContext();
 }
 
@@ -464,7 +478,7 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n
 
 // ---------------------------------------------------------------------------------------------
 // Tuning. cuBLASLt's first choice is often not its fastest kernel for our shapes (dev/cuda/matmul.cu
-// measures each: up to 7% slower on the LM head). So on a plan's first call every candidate runs on
+// measures each; docs/matmul.md). So on a plan's first call every candidate runs on
 // that call's own operands, and the fastest one whose output (and auxiliary output) is bit for bit
 // the first choice's is kept. Kernels that sum K in the same order give the same bits whatever
 // their tiles and clusters (the lab shows it: all of split-K 1 agree); a candidate that differs
@@ -716,9 +730,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                                  (const T*)nullptr, stream, dweight, CUBLAS_OP_T))
         gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, stream);
     if (dbias) {
-        if (size_t(N) > b.ones_count) fail("matmul_backward: %d rows, ones vector holds %zu", N, b.ones_count);
-        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(), N, 1.0f, dbias,
-                OC, stream);
+        gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, dout, OC, blas_ones<T>(N), N, 1.0f, dbias, OC, stream);
     }
 }
 
@@ -726,14 +738,12 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // dout^T times a column of ones: given inp with that column, laid out (N, inp_ld) with columns [0, C)
 // the layer's input, column C all ones and columns (C, inp_ld) all zeros, one GEMM over inp's inp_ld
 // columns gives dweight in its first C columns and dbias in column C, and dout (N, OC, the largest
-// tensor here) is read once instead of twice (the separate matrix-vector dbias read it all again:
-// ~0.11 ms a layer each for qkv and fc at B=64 T=1024 on an H100, dev/cuda/matmul.cu). The GEMM
+// tensor here) is read once instead of twice (the separate matrix-vector dbias reads it all again).
+// The GEMM
 // writes fp32 into scratch ((OC, inp_ld) floats, overwritten), and a small kernel adds it into
 // dweight (OC, C) and dbias (OC): each gradient rounded to T once, as D += in the GEMM would.
-// inp_ld = round_up(C + 1, 16 bytes). Measured (H100, bf16, N = 65536, C = 768, lab, 2026-11-25): qkv
-// (OC = 2304) 0.332 ms against 0.332 + 0.106 for dweight and the matrix-vector dbias, fc (OC = 3072)
-// 0.440 against 0.442 + 0.137; training at B=64 +0.8%. Falls back to the two-pass way where cuBLASLt
-// has no algorithm (shapes whose leading dimensions are not whole 16-byte vectors).
+// inp_ld = round_up(C + 1, 16 bytes). Falls back to the two-pass way where cuBLASLt has no algorithm
+// (shapes whose leading dimensions are not whole 16-byte vectors). The measurements: docs/matmul.md.
 template <typename T> __global__ void add_weight_bias_kernel(T* dweight, T* dbias, const float* scratch, int OC, int C, int ld) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(OC) * ld; i += size_t(gridDim.x) * blockDim.x) {
         const int o = int(i / ld), c = int(i % ld);

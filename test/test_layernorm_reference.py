@@ -1,4 +1,4 @@
-"""Checks the LayerNorm laboratories' CPU reference (dev/layernorm/layernorm_reference.cuh, the very
+"""Checks the LayerNorm laboratories' CPU reference (dev/cuda/layernorm_reference.cuh, the very
 C++ code dev/cuda/layernorm_forward.cu and layernorm_backward.cu validate against) against PyTorch's
 F.layer_norm forward and autograd backward, in float64 on the CPU.
 

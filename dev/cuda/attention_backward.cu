@@ -2,7 +2,7 @@
 // kernel got fast; version 11 is the header's flash_attention_backward (flash_attention.cuh), so
 // the lab measures what training runs (12-14: Hopper wgmma; 14, the header's choice, runs inside 11).
 // Every version is validated against the double-precision CPU reference
-// (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
+// (dev/cuda/attention_lab.cuh, which also states the tolerances) at many shapes, then
 // benchmarked.
 //
 //   make dev/cuda/attention_backward
@@ -49,7 +49,7 @@
 //      read by the tensor cores through descriptors (no ldmatrix), P^T and dS^T from registers; dP^T
 //      runs while P^T is computed. The same dS tiles, so the same dq kernel. Else version 10 runs.
 //   13 as 12 with the dk/dv kernel held to 168 registers (3 warpgroups per SM instead of 2; 16 bytes
-//      of spill). 12 and 13 are the lab's own kernel (dev/attention/flash_attention_lab.cuh).
+//      of spill). 12 and 13 are the lab's own kernel (dev/cuda/flash_attention_lab.cuh).
 //   14 the header's wgmma key side (flash_attention.cuh, backward_dkdv_wgmma_kernel): 13 with dv's
 //      product issued together with dk's, after dS, instead of while dS is computed: at 168
 //      registers ptxas then no longer serializes the wgmma instructions (its C7512 warning on 13) and
@@ -67,8 +67,8 @@
 
 #include "attention.cuh"
 #include "common.cuh"
-#include "dev/attention/attention_lab.cuh"
-#include "dev/attention/flash_attention_lab.cuh"
+#include "dev/cuda/attention_lab.cuh"
+#include "dev/cuda/flash_attention_lab.cuh"
 #include "flash_attention.cuh"
 
 constexpr int kNumVersions = 14;
@@ -196,14 +196,14 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
                                   NH * HS, NH);
             break;
         case 3: flash_detail::backward_plain(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 4: ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 5: ran = flash_detail::backward_tc<4, 1, 32, 4, 1, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 6: ran = flash_detail::backward_tc<8, 1, 64, 8, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 7: ran = flash_detail::backward_tc<4, 2, 32, 4, 2, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 8: ran = flash_detail::backward_tc<4, 2, 32, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 9: ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64, 3>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 4: ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 5: ran = flash_lab::backward_tc<4, 1, 32, 4, 1, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 6: ran = flash_lab::backward_tc<8, 1, 64, 8, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 7: ran = flash_lab::backward_tc<4, 2, 32, 4, 2, 32>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 8: ran = flash_lab::backward_tc<4, 2, 32, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 9: ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64, 3>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 10:
-            ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
+            ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
             break;
         case 11:
             flash_attention_backward(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS,
@@ -217,7 +217,7 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
                   : version == 13 ? flash_lab::backward_wgmma_early_dv<3>(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0)
                                   : flash_detail::backward_wgmma(dqkvb, sc.D.ptr, sc.ds->ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!ran) {
-                ran = flash_detail::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
+                ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
             }
             break;
@@ -326,7 +326,7 @@ void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
                 tests.skip(name);
                 continue;
             }
-            if (!flash_detail::wgmma_available()) {
+            if (!ptx::wgmma_available()) {
                 tests.skip(name, "no wgmma on this GPU: both would run version 10");
                 continue;
             }

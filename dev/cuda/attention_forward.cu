@@ -2,7 +2,7 @@
 // kernel got fast; version 9 is the header's flash_attention_forward (flash_attention.cuh), so the
 // lab measures what training runs (10-12: Hopper wgmma; 11, the header's choice, runs inside 9).
 // Every version is validated against the double-precision CPU reference
-// (dev/attention/attention_lab.cuh, which also states the tolerances) at many shapes, then
+// (dev/cuda/attention_lab.cuh, which also states the tolerances) at many shapes, then
 // benchmarked.
 //
 //   make dev/cuda/attention_forward
@@ -34,7 +34,7 @@
 //   9  the header's flash_attention_forward: 11 where it runs (head size 64 on compute capability
 //      9.0), else 5's configuration for head sizes 64 and 80, 4's for 128 (where 5's doubled
 //      accumulators spill registers).
-//  10  Hopper warpgroup MMA (wgmma, sm_90a; flash_detail::forward_wgmma), head size 64: a warpgroup
+//  10  Hopper warpgroup MMA (wgmma, sm_90a; forward_wgmma_kernel), head size 64: a warpgroup
 //      per 64 queries, q and k/v tiles 128-byte swizzled in shared memory and read by the tensor
 //      cores through descriptors (no ldmatrix), P from registers; key tiles of 64. Else version 9 runs.
 //  11  as 10 with key tiles of 128 (half the barriers and running-max updates per key). Where a
@@ -52,7 +52,8 @@
 
 #include "attention.cuh"
 #include "common.cuh"
-#include "dev/attention/attention_lab.cuh"
+#include "dev/cuda/attention_lab.cuh"
+#include "dev/cuda/flash_attention_lab.cuh"
 #include "flash_attention.cuh"
 
 constexpr int kNumVersions = 12;
@@ -123,18 +124,18 @@ const char* run_version(int version, T* out, float* lse, const T* qkv, const Att
             attention_forward<T>(out, cublas->att.ptr, cublas->qkvr.ptr, cublas->yr.ptr, qkv, B, T_, NH * HS, NH);
             break;
         case 3: flash_detail::forward_plain(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 4: ran = flash_detail::forward_tc<4, 1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 5: ran = flash_detail::forward_tc<4, 2, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 6: ran = flash_detail::forward_tc<8, 1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 7: ran = flash_detail::forward_tc<4, 2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 8: ran = flash_detail::forward_tc<8, 2, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 4: ran = flash_lab::forward_tc<4, 1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 5: ran = flash_lab::forward_tc<4, 2, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 6: ran = flash_lab::forward_tc<8, 1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 7: ran = flash_lab::forward_tc<4, 2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 8: ran = flash_lab::forward_tc<8, 2, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         case 9:
             flash_attention_forward(outb, lse, qkvb, B, T_, NH, HS, 0);
             if (!flash_attention_supported(HS)) return "plain path for this HS";
             break;
-        case 10: ran = flash_detail::forward_wgmma<1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 11: ran = flash_detail::forward_wgmma<1, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
-        case 12: ran = flash_detail::forward_wgmma<2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 10: ran = flash_lab::forward_wgmma<1, 64>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 11: ran = flash_lab::forward_wgmma<1, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
+        case 12: ran = flash_lab::forward_wgmma<2, 128>(outb, lse, qkvb, B, T_, NH, HS, 0); break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }
     if (!ran && version >= 10) {

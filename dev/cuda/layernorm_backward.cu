@@ -1,7 +1,7 @@
 // layernorm_backward.cu: the LayerNorm backward laboratory. Numbered versions retrace how the kernel
 // got fast; the last one is the header's layernorm_backward (layernorm.cuh), so the lab measures what
 // training runs. Every version is validated against the double-precision CPU reference
-// (dev/layernorm/layernorm_reference.cuh) at many shapes, then benchmarked.
+// (dev/cuda/layernorm_reference.cuh) at many shapes, then benchmarked.
 //
 //   make dev/cuda/layernorm_backward
 //   ./dev/cuda/layernorm_backward           validate, then benchmark every version, fp32 and bf16
@@ -60,7 +60,7 @@
 
 #include "common.cuh"
 #include "dev/lab.cuh"
-#include "dev/layernorm/layernorm_reference.cuh"
+#include "dev/cuda/layernorm_reference.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
 
@@ -264,15 +264,37 @@ template <typename T> __global__ void add_sums_kernel(T* dweight, T* dbias, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch. `scratch` holds max(2 C floats, version 6's partials, the header's scratch). Returns a
+// Dispatch. `scratch` holds max(2 C floats, version 6's and 7's partials, the header's scratch). Returns a
 // note when a version ran another version's kernel on a shape it cannot hold.
 
 inline int sm_count() { return layernorm_detail::device_sm_count(); }
 inline int version6_partials(int N) { return std::max(1, std::min(N, 2 * sm_count())); }
 
+// Version 7's partials in bf16: the header's vector kernel without its prefetch, whose grid (more
+// resident blocks) the header's scratch need not hold; in fp32 version 7 is the header's own launch.
+inline size_t version7_scratch_bytes(int N, int C) {
+    using namespace layernorm_detail;
+    const int wpr = backward_warps_per_row<__nv_bfloat16>(C);
+    if (!wpr) return 0;
+    return backward_vec_partial_floats<__nv_bfloat16, false>(N, C, wpr) * sizeof(float);
+}
+
 inline size_t lab_scratch_bytes(int N, int C) {
     return std::max({size_t(2) * C * sizeof(float), size_t(version6_partials(N)) * 2 * C * sizeof(float),
-                     layernorm_backward_scratch_bytes(N, C)});
+                     layernorm_backward_scratch_bytes(N, C), version7_scratch_bytes(N, C)});
+}
+
+// Version 7: the header's launch with its prefetch off (the header prefetches in bf16).
+template <typename T>
+void backward_without_prefetch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
+                               const float* mean, const float* rstd, int N, int C, T* next_dbias) {
+    using namespace layernorm_detail;
+    if (N <= 0 || C <= 0) return;
+    float* partials = static_cast<float*>(scratch);
+    if (next_dbias)
+        backward_launch_sections<T, false, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean, rstd, N, C, 0);
+    else
+        backward_launch_sections<T, false, false>(dinp, dweight, dbias, nullptr, partials, dout, inp, weight, mean, rstd, N, C, 0);
 }
 
 // Versions whose kernels take next_dbias (the header's).
@@ -322,8 +344,7 @@ const char* run_version(int version, T* dinp, T* dweight, T* dbias, void* scratc
             break;
         }
         case 7:
-            layernorm_detail::backward_launch<T, false>(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, 0,
-                                                        next_dbias);
+            backward_without_prefetch(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, next_dbias);
             break;
         case 8:
             layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C,
@@ -522,7 +543,7 @@ template <typename T> int check_one(int version, int N, int C, int shift, uint64
 // The separate pass next_dbias replaces: column sums of dx as matmul_backward_weight computes a bias
 // gradient (cuBLAS matrix-vector product with blas_ones, beta = 1).
 template <typename T> void column_sums_gemv(T* next_dbias, const T* dx, int N, int C) {
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, 1, N, 1.0f, dx, C, blas_ones<T>(), N, 1.0f, next_dbias, C, 0);
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, 1, N, 1.0f, dx, C, blas_ones<T>(N), N, 1.0f, next_dbias, C, 0);
 }
 
 // --floor: the header's two launches timed apart (its vector kernel, its finalize), a copy of the same
@@ -549,7 +570,7 @@ void benchmark_floor(int N, int C, T* dx, T* dw, T* db, void* scratch, const T* 
     printf("  %-10s %-6s %-8d %10.1f %10.1f %7.1f%%  (its vector kernel alone, grid %d)\n", "8 kernel", dtype_name<T>(), C,
            kernel_ms * 1e3, gbs, 100.0 * gbs / copy_gbs, grid);
     printf("  %-10s %-6s %-8d %10.1f %10s %8s  (its finalize alone)\n", "8 finalize", dtype_name<T>(), C, finalize_ms * 1e3, "-", "-");
-    print_launch_floor(dtype_name<T>(), C, bytes, grid, backward_block_threads_any(wpr), copy_gbs);
+    print_launch_floor(dtype_name<T>(), C, bytes, grid, block_threads_of(wpr, kBackwardMinBlock), copy_gbs);
 }
 
 // Rows of versions 7 and 8: plain, with next_dbias (fused), plain then the separate pass (gemv).
@@ -688,7 +709,9 @@ int main(int argc, char** argv) {
     const double copy_gbs = measure_copy_bandwidth_gbs();
     printf("\ndevice: %s, %d SMs, L2 %d MB; device-to-device copy %.1f GB/s (bytes read + written)\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
-    blas_init(N);  // the +gemv rows' separate column sum
+    blas_init(N);  // the +gemv rows' separate column sum, in fp32 and bf16
+    blas_init_ones<float>(N);
+    blas_init_ones<__nv_bfloat16>(N);
     if (fp32) benchmark<float>(versions, N, Cs, copy_gbs);
     if (bf16) benchmark<__nv_bfloat16>(versions, N, Cs, copy_gbs);
     blas_destroy();

@@ -1,7 +1,7 @@
 // layernorm_forward.cu: the LayerNorm forward laboratory. Numbered versions retrace how the kernel
 // got fast; the last one is the header's layernorm_forward (layernorm.cuh), so the lab measures what
 // training runs. Every version is validated against the double-precision CPU reference
-// (dev/layernorm/layernorm_reference.cuh) at many shapes, then benchmarked.
+// (dev/cuda/layernorm_reference.cuh) at many shapes, then benchmarked.
 //
 //   make dev/cuda/layernorm_forward
 //   ./dev/cuda/layernorm_forward            validate, then benchmark every version, fp32 and bf16
@@ -28,12 +28,12 @@
 //      before the first use (many loads in flight), plain 128-bit loads of x (streaming, evict-first
 //      ones measured slower: --stream-loads), named barriers so row groups never wait for each other;
 //      a scalar general path for any C and alignment (one block per row). The knobs below run the
-//      lab's variants of it instead (dev/layernorm/layernorm_lab.cuh).
+//      lab's variants of it instead (dev/cuda/layernorm_lab.cuh).
 //
 // Fused residual (--residual): residual = a + b (rounded to T and stored), out = LayerNorm(residual).
 //   1  unfused: an elementwise add kernel, then the header's layernorm_forward (reads the residual
 //      back: 5 N C transfers instead of 4).
-//   2  fused_residual_layernorm_forward (dev/layernorm/layernorm_lab.cuh; training ran it until the
+//   2  fused_residual_layernorm_forward (dev/cuda/layernorm_lab.cuh; training ran it until the
 //      residual adds moved into the matmul epilogues): the sum is formed in registers, stored once
 //      and normalized without reading it back.
 //
@@ -48,8 +48,8 @@
 
 #include "common.cuh"
 #include "dev/lab.cuh"
-#include "dev/layernorm/layernorm_lab.cuh"
-#include "dev/layernorm/layernorm_reference.cuh"
+#include "dev/cuda/layernorm_lab.cuh"
+#include "dev/cuda/layernorm_reference.cuh"
 #include "layernorm.cuh"
 
 namespace cg = cooperative_groups;
@@ -61,7 +61,7 @@ constexpr int kNumVersions = 5, kNumResidualVersions = 2;
 // choice), streaming (evict-first) instead of plain loads of x (--stream-loads), the smallest block
 // (--min-block 32: one row group per block; 256: several row groups when rows are short; 0: the
 // header's choice), and where `out` starts in its allocation (--out-offset). Any of the first three
-// runs the lab's variant of the header's kernel (dev/layernorm/layernorm_lab.cuh) with those choices.
+// runs the lab's variant of the header's kernel (dev/cuda/layernorm_lab.cuh) with those choices.
 int g_wpr = 0;
 bool g_stream_loads = false;
 int g_min_block = 0;

@@ -290,7 +290,7 @@ template <typename T> void check_shape(TestCounter& tests, bool gpu, const Shape
             gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, d_w.ptr, C, d_dout.ptr, OC, 0.0f, d_dinp.ptr, C, 0);
             if (with_gelu) gelu_backward_inplace(d_dinp.ptr, d_pre.ptr, size_t(N) * C);
             gemm<T>(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, d_inp.ptr, C, d_dout.ptr, OC, 1.0f, d_dw.ptr, C, 0);
-            gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, d_dout.ptr, OC, blas_ones<T>(), N, 1.0f,
+            gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, OC, 1, N, 1.0f, d_dout.ptr, OC, blas_ones<T>(N), N, 1.0f,
                     d_db.ptr, OC, 0);
         } else {
             matmul_backward(d_dinp.ptr, d_dw.ptr, d_db.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, N, C, OC,
@@ -509,7 +509,7 @@ void benchmark(int rows, int max_algos) {
         float b_ms = 0.0f;
         if (L.bias) {
             b_ms = time_median_ms([&] {
-                gemm<bf16>(CUBLAS_OP_N, CUBLAS_OP_N, L.OC, 1, N, 1.0f, dout.ptr, L.OC, blas_ones<bf16>(),
+                gemm<bf16>(CUBLAS_OP_N, CUBLAS_OP_N, L.OC, 1, N, 1.0f, dout.ptr, L.OC, blas_ones<bf16>(N),
                            N, 1.0f, db.ptr, L.OC, 0);
             }, 3, 20);
             const double gbs = double(N) * L.OC * 2 / (b_ms * 1e-3) / 1e9;
@@ -638,7 +638,11 @@ int main(int argc, char** argv) {
     const bool gpu = cuda_device_available();
     if (!check && !gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
     TestCounter tests;
-    if (gpu) blas_init(size_t(std::max(rows, 1024)));
+    if (gpu) {
+        blas_init(size_t(std::max(rows, 1024)));
+        blas_init_ones<float>(size_t(std::max(rows, 1024)));  // fp32 and bf16 run side by side here
+        blas_init_ones<__nv_bfloat16>(size_t(std::max(rows, 1024)));
+    }
     blas().tune_wide = wide;  // validation then checks what the wide tuning keeps, too
     check_all(tests, gpu);
     blas().tune_print = true;  // the benchmark's plans: one line each as it is tuned

@@ -45,8 +45,6 @@
 // to ~0.75-0.9x of cuBLAS's rate at these shapes, the pairs to ~0.84-0.93x, ping-pong tiles of
 // 128 x 192 in pairs (11) to about cuBLAS's (0.98-1.03x of its time summed, the versions in turn).
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -58,50 +56,15 @@
 
 #include "common.cuh"
 #include "dev/lab.cuh"
-#include "flash_attention.cuh"  // smem_u32, sw128_desc, the wgmma fences and waits, keep_regs,
-                                // fence_proxy_async_smem, wgmma_available
 #include "classifier.cuh"
-#include "lm_head.cuh"     // version 14, and the TMA, mbarrier and cluster wrappers the others share
+#include "lm_head.cuh"  // version 14, and the persistent launch and tile order the others share
 #include "matmul.cuh"
+#include "ptx.cuh"
 
 using bf16 = __nv_bfloat16;
-using flash_detail::exp2_ftz;
-using flash_detail::fence_proxy_async_smem;
-using flash_detail::keep_regs;
-using flash_detail::smem_u32;
-using flash_detail::sw128_desc;
-using flash_detail::wgmma_commit;
-using flash_detail::wgmma_m64n128k16_ss;
-using flash_detail::wgmma_fence;
-using flash_detail::wgmma_wait;
-
-using lm_head_detail::cluster_rank;
-using lm_head_detail::cluster_sync;
+using namespace ptx;
 using lm_head_detail::launch_persistent;
-using lm_head_detail::make_tensor_map;
-using lm_head_detail::mbar_arrive;
-using lm_head_detail::mbar_arrive_cluster;
-using lm_head_detail::mbar_arrive_expect_tx;
-using lm_head_detail::mbar_init;
-using lm_head_detail::mbar_wait;
-using lm_head_detail::setmaxnreg_dec;
-using lm_head_detail::setmaxnreg_inc;
 using lm_head_detail::tile_origin;
-using lm_head_detail::tma_load_2d;
-using lm_head_detail::tma_load_2d_multicast;
-using lm_head_detail::wgmma_m64n192k16_ss;
-
-// ---------------------------------------------------------------------------------------------
-// One more wgmma shape (lm_head.cuh has m64n192k16, flash_attention.cuh m64n128k16).
-
-// d (64 x 256, fp32) = A (64 x 16, shared, K-major) B^T (B: 256 x 16, shared, K-major) + (accumulate ? d : 0).
-__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
 
 // ---------------------------------------------------------------------------------------------
 // Versions 2-7: one kernel, four choices.
@@ -135,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     static_assert(STORE_COLS == 0 || STORE_COLS == 128 || STORE_COLS == 256, "staging width");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster size");
     static_assert(!MULTICAST || CLUSTER == 2, "multicast within a pair");
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int kStaging = 64 * STORE_COLS * 2;  // bytes, per consumer
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
@@ -151,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_init(&full[s], 1);              // the loader's arrive.expect_tx; then the TMA's bytes
             mbar_init(&empty[s], MULTICAST ? 8 * CLUSTER : 8);  // each consumer warp (of the cluster), done with the stage
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     if constexpr (CLUSTER > 1) cluster_sync();  // no multicast or remote arrival before every barrier exists
     else __syncthreads();
@@ -228,8 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int r = warp * 16 + lane / 4;
 #pragma unroll
                 for (int pass = 0; pass < 256 / STORE_COLS; pass++) {
-                    if (leader) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // earlier stores have read it
-                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
+                    if (leader) bulk_wait_read();  // earlier stores have read it
+                    named_barrier_sync<128>(1 + half);
 #pragma unroll
                     for (int jj = 0; jj < STORE_COLS / 8; jj++) {
                         const int j = pass * (STORE_COLS / 8) + jj;
@@ -238,14 +201,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                         *reinterpret_cast<__nv_bfloat162*>(box + 8 * 128) = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
                     }
                     fence_proxy_async_smem();  // generic-proxy writes, read by the TMA (async proxy)
-                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
+                    named_barrier_sync<128>(1 + half);
                     if (leader) {
 #pragma unroll
                         for (int b = 0; b < STORE_COLS / 64; b++)
-                            asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(&map_out),
-                                         "r"(smem_u32(staging + b * 8192)), "r"(n0 + pass * STORE_COLS + 64 * b), "r"(m0 + half * 64)
-                                         : "memory");
-                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                            tma_store_2d(&map_out, staging + b * 8192, n0 + pass * STORE_COLS + 64 * b, m0 + half * 64);
+                        bulk_commit();
                     }
                 }
             } else {
@@ -262,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
         }
-        if (STORE_COLS > 0 && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        if (STORE_COLS > 0 && threadIdx.x % 128 == 0) bulk_wait();
     }
     __syncwarp();  // the cluster barrier is .aligned: each warp's threads reach it together
     if constexpr (CLUSTER > 1) cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
@@ -337,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap map_out, int M, int N, int K, int group, SoftmaxGrad sg) {
     static_assert(BN == 128 || BN == 192, "tile width");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster size");
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr bool kHalves = STAGING != kStageAll, kShared = STAGING == kStageShared;
     constexpr int kTileBp = BN * kBK * 2, kStaging = (kHalves ? 64 : 128) * BN * 2, kBoxes = BN / 64;
     extern __shared__ unsigned char smem_raw[];
@@ -358,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         for (int c = 0; c < 2; c++) mbar_init(&turn[c], 4);  // the other consumer's 4 warps
         mbar_init(staging_free, 1);                           // the leader of the consumer that stored last
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     if constexpr (CLUSTER > 1) cluster_sync();
     else __syncthreads();
@@ -438,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         *reinterpret_cast<uint4*>(row_bytes + place * 16) = chunk;
                     }
                     fence_proxy_async_smem();  // generic-proxy writes, read by wgmma (async proxy)
-                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                    named_barrier_sync<128>(1 + consumer);
                 }
                 const unsigned char* a = s_a + stage * kTileA;
                 const unsigned char* b = s_b + stage * kTileBp;
@@ -472,10 +433,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int h = 0; h < 2; h++) {
                 if (h == 0 || kHalves) {
                     if (leader) {
-                        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // this consumer's stores have read it
+                        bulk_wait_read();  // this consumer's stores have read it
                         if (kShared && h == 0 && j > 0) mbar_wait(staging_free, (j - 1) & 1);  // and the other's, of tile j - 1
                     }
-                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                    named_barrier_sync<128>(1 + consumer);
                 }
                 const float* acc = h == 0 ? acc0 : acc1;
                 unsigned char* half_staging = staging + (kHalves ? 0 : h * kBoxes * 8192);
@@ -487,26 +448,22 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
                 if (h == 1 || kHalves) {
                     fence_proxy_async_smem();
-                    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + consumer) : "memory");
+                    named_barrier_sync<128>(1 + consumer);
                     if (leader) {
                         for (int hh = kHalves ? h : 0; hh <= h; hh++)
 #pragma unroll
                             for (int c = 0; c < kBoxes; c++)
-                                asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
-                                                 &map_out),
-                                             "r"(smem_u32(staging + ((kHalves ? 0 : hh * kBoxes) + c) * 8192)), "r"(n0 + 64 * c),
-                                             "r"(m0 + 64 * hh)
-                                             : "memory");
-                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                                tma_store_2d(&map_out, staging + ((kHalves ? 0 : hh * kBoxes) + c) * 8192, n0 + 64 * c, m0 + 64 * hh);
+                        bulk_commit();
                         if (kShared && h == 1) {  // the buffer is the other consumer's once these stores have read it
-                            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                            bulk_wait_read();
                             mbar_arrive(staging_free);
                         }
                     }
                 }
             }
         }
-        if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        if (leader) bulk_wait();
     }
     __syncwarp();
     if constexpr (CLUSTER > 1) cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
@@ -1053,7 +1010,7 @@ int main(int argc, char** argv) {
         tests.skip("matmul_wgmma validation");
         return tests.finish();
     }
-    if (!flash_detail::wgmma_available()) {  // wgmma and the TMA are Hopper's
+    if (!wgmma_available()) {  // wgmma and the TMA are Hopper's
         printf("matmul_wgmma validation: skipped (needs a compute capability 9.0 GPU)\n");
         tests.skipped++;
         return tests.finish();

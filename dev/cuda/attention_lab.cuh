@@ -2,9 +2,6 @@
 // attention_backward.cu) share: the double-precision CPU reference of causal attention, the inputs,
 // device buffers, the check shapes and the tolerance argument.
 //
-// It lives outside dev/cuda because every dev/cuda/*.cu is a program and everything else there is
-// git-ignored build output.
-//
 // Tolerances. Every output element is a sum of terms (out_td = sum_j p_tj v_jd, dv_jd = sum_t p_tj
 // dO_td, ...). The reference also returns, per element, the sum of the terms' absolute values
 // ("|terms|"; for dq and dk it includes p (|dP| + sum|dO * O|) |k| or |q|, which bounds the effect

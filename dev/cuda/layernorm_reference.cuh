@@ -3,9 +3,6 @@
 // test/test_layernorm_reference.py checks these very functions (through build/liblayernorm_capi.so)
 // against PyTorch's F.layer_norm forward and autograd backward in float64.
 //
-// It lives outside dev/cuda because every dev/cuda/*.cu is a program and everything else there is
-// git-ignored build output.
-//
 // Host only. T (inputs) and S (cached statistics) may be float, __nv_bfloat16 or double: the stored
 // values are read exactly, every operation after that is double.
 #pragma once

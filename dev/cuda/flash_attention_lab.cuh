@@ -1,16 +1,17 @@
-// flash_attention_lab.cuh: the attention backward's wgmma key-side kernel as the lab's versions 12
-// and 13 ran it (dev/cuda/attention_backward.cu), before training's kernel (flash_attention.cuh,
-// backward_dkdv_wgmma_kernel, the lab's version 14) issued dv's product late.
+// flash_attention_lab.cuh: what the attention labs (dev/cuda/attention_forward.cu,
+// attention_backward.cu) run beside the header's kernels (flash_attention.cuh):
+//   - forward_tc, forward_wgmma, backward_tc: the header's kernels in any configuration (the header
+//     launches only training's), the lab's versions 4-8 and 10-12 (forward), 4-10 (backward).
+//   - backward_dkdv_wgmma_early_dv_kernel: the backward's wgmma key-side kernel as the lab's versions
+//     12 and 13 ran it, before training's kernel (backward_dkdv_wgmma_kernel, the lab's version 14)
+//     issued dv's product late.
 //
-// Here dv += P^T dO is issued while dS is computed, right after P^T (early dv); training's kernel
+// The early dv: dv += P^T dO is issued while dS is computed, right after P^T; training's kernel
 // issues it together with dk's product, after dS. At 168 registers (MIN_BLOCKS 3, version 13) the
 // early dv runs out of registers: ptxas serializes every wgmma (its warning C7512 names this kernel)
 // and spills 16 bytes; MIN_BLOCKS 2 (version 12) leaves it 170 registers, 2 warpgroups per SM. The
 // products are the same, in the same order, so versions 12, 13 and 14 give the same bits: the lab
 // checks 14 against 13 bit for bit.
-//
-// It lives outside dev/cuda because every dev/cuda/*.cu is a program and everything else there is
-// git-ignored build output.
 #pragma once
 
 #include "common.cuh"
@@ -20,11 +21,69 @@ namespace flash_lab {
 
 using namespace flash_detail;
 
+// ---------------------------------------------------------------------------------------------
+// The header's kernels in other configurations; each false where HS has no such path.
+
+// forward_kernel: WARPS warps x MT 16-row tiles, key tiles of BC.
+template <int WARPS, int MT, int BC>
+bool forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    switch (HS) {
+        case 64: launch_forward<64, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_forward<80, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_forward<128, WARPS, MT, BC>(out, lse, qkv, B, T, NH, stream); return true;
+        default: return false;
+    }
+}
+
+// forward_wgmma_kernel: NWG warpgroups a block, key tiles of BC (HS 64 on an sm_90 GPU only).
+template <int NWG, int BC>
+bool forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    if (HS != 64 || !wgmma_available()) return false;
+    launch_forward_wgmma<NWG, BC>(out, lse, qkv, B, T, NH, stream);
+    return true;
+}
+
+// Key-side kernel: WK warps x MK 16-key tiles, query tiles of BQ; query-side kernel: WQ warps x MQ
+// 16-query tiles, key tiles of BK. KMIN / QMIN: blocks per SM each kernel's registers must allow.
+// ds (nullptr: recompute): room for the dS tiles; the key side stores them and
+// backward_dq_from_ds_kernel replaces the query side (configurations with kDsTile-key blocks and
+// kDsTile-query tiles only).
+template <int HS, int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN, int QMIN>
+void launch_backward_config(bf16* dqkv, float* D, uint4* ds, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv,
+                            int B, int T, int NH, cudaStream_t stream) {
+    constexpr bool kCanStore = WK * MK * 16 == kDsTile && BQ == kDsTile;
+    if (ds && !kCanStore) fail("flash attention backward: this configuration cannot store dS tiles");
+    launch_backward_dot<HS>(D, dout, out, B, T, NH, stream);
+    const float scale = 1.0f / sqrtf(float(HS));
+    if constexpr (kCanStore) {
+        if (ds) {
+            launch_backward_dkdv<HS, WK, MK, BQ, KMIN, true>(dqkv, ds, dout, lse, D, qkv, B, T, NH, scale, stream);
+            launch_backward_dq_from_ds<HS>(dqkv, ds, qkv, B, T, NH, scale, stream);
+            return;
+        }
+    }
+    launch_backward_dkdv<HS, WK, MK, BQ, KMIN, false>(dqkv, ds, dout, lse, D, qkv, B, T, NH, scale, stream);
+    launch_backward_dq<HS, WQ, MQ, BK, QMIN>(dqkv, dout, lse, D, qkv, B, T, NH, scale, stream);
+}
+template <int WK, int MK, int BQ, int WQ, int MQ, int BK, int KMIN = 1, int QMIN = 1>
+bool backward_tc(bf16* dqkv, float* D, const bf16* dout, const bf16* out, const float* lse, const bf16* qkv, int B, int T,
+                 int NH, int HS, cudaStream_t stream, uint4* ds = nullptr) {
+    switch (HS) {
+        case 64: launch_backward_config<64, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 80: launch_backward_config<80, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        case 128: launch_backward_config<128, WK, MK, BQ, WQ, MQ, BK, KMIN, QMIN>(dqkv, D, ds, dout, out, lse, qkv, B, T, NH, stream); return true;
+        default: return false;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wgmma key side with dv issued early (versions 12 and 13).
+
 template <int MIN_BLOCKS>
 __global__ void __launch_bounds__(128, MIN_BLOCKS)
     backward_dkdv_wgmma_early_dv_kernel(bf16* dqkv, uint4* ds, const bf16* dout, const float* lse, const float* Dsum,
                                         const bf16* qkv, int T, int NH, float scale) {
-#ifdef FLASH_HAVE_WGMMA
+#ifdef PTX_HAVE_SM90A
     constexpr int HS = 64, BK = 64, BQ = 64, NT = BQ / 8, THREADS = 128, TILE = 64 * 64;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
@@ -65,7 +124,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
 
     for (int qt = qt0; qt < n_qt; qt++) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_smem();
         __syncthreads();  // tile qt is in; the products of tile qt - 1 are done (waited for below)
         const int st = (qt - qt0) & 1;
@@ -99,7 +158,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = nt * 8 + 2 * c4 + (e & 1), key = wk0 + g + (e >> 1) * 8, query = q0 + qi;
-                float p = exp2_ftz(fmaf(s[4 * nt + e], sl2, -cL[qi] * kLog2e));
+                float p = probability(s[4 * nt + e], sl2, cL[qi] * kLog2e);
                 if (mask && (query < key || query >= T)) p = 0.0f;
                 s[4 * nt + e] = p;
             }
@@ -171,10 +230,7 @@ bool backward_wgmma_early_dv(bf16* dqkv, float* D, uint4* ds, const bf16* dout, 
     backward_dkdv_wgmma_early_dv_kernel<MIN_BLOCKS>
         <<<dim3((T + 63) / 64, NH, B), 128, smem, stream>>>(dqkv, ds, dout, lse, D, qkv, T, NH, scale);
     cuda_check_launch();
-    const size_t dq_smem = size_t(2 * kDsTile) * (64 + 8) * sizeof(bf16);
-    backward_dq_from_ds_kernel<64><<<dim3((T + kDsTile - 1) / kDsTile, NH, B), kDsTile * 2, dq_smem, stream>>>(dqkv, ds, qkv, T, NH,
-                                                                                                             scale);
-    cuda_check_launch();
+    launch_backward_dq_from_ds<64>(dqkv, ds, qkv, B, T, NH, scale, stream);
     return true;
 }
 

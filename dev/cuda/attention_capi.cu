@@ -1,8 +1,9 @@
 // attention_capi.cu: a C API over flash_attention.cuh, built into build/libattention_capi.so
 // (`make build/libattention_capi.so`) for Python's ctypes: dev/cuda/attention_vs_torch.py calls our
 // kernels on PyTorch's tensors (raw device pointers and PyTorch's current stream), so both sides run
-// in one process on the same memory. Kept outside dev/cuda, where every .cu is a program. Returns 0
-// on success; a CUDA error ends the process with one line on stderr (common.cuh's fail).
+// in one process on the same memory. A library, not a program: the Makefile builds every other
+// dev/cuda/*.cu into one. Returns 0 on success; a CUDA error ends the process with one line on stderr
+// (common.cuh's fail).
 
 #include "common.cuh"
 #include "flash_attention.cuh"

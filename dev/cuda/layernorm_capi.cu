@@ -3,11 +3,12 @@
 //   - dev/cuda/layernorm_vs_torch.py calls our kernels on PyTorch's tensors (raw device pointers and
 //     PyTorch's current stream), so both sides run in one process on the same memory;
 //   - test/test_layernorm_reference.py calls the labs' CPU reference (host only, no GPU needed).
-// Kept outside dev/cuda, where every .cu is a program. Returns 0 on success; a CUDA error ends the
-// process with one line on stderr (common.cuh's fail), as everywhere in this project.
+// A library, not a program: the Makefile builds every other dev/cuda/*.cu into one. Returns 0 on
+// success; a CUDA error ends the process with one line on stderr (common.cuh's fail), as everywhere
+// in this project.
 
 #include "common.cuh"
-#include "dev/layernorm/layernorm_reference.cuh"
+#include "dev/cuda/layernorm_reference.cuh"
 #include "layernorm.cuh"
 
 extern "C" {

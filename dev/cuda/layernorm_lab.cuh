@@ -12,9 +12,6 @@
 // With the header's choices (no residual, plain loads, its MIN_BLOCK and warps per row) a variant
 // computes what the header's kernel computes, the same way; the lab runs the header's own
 // layernorm_forward there (its version 5), so it measures what training runs.
-//
-// It lives outside dev/cuda because every dev/cuda/*.cu is a program and everything else there is
-// git-ignored build output.
 #pragma once
 
 #include "common.cuh"
