@@ -82,11 +82,10 @@ except ImportError as e:  # a Python without them: one line naming the one make 
     exit_wrong_python(e, "gpt_reference.py")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CHECKPOINT_MAGIC, CHECKPOINT_VERSION = 20251101, 1
-STATE_MAGIC, STATE_VERSION = 20251102, 1
-TOKENS_MAGIC, TOKENS_VERSION = 20240520, 1  # llm.c token files, written by data/
-LLMC_MAGIC, LLMC_VERSIONS = 20240326, {3: "fp32", 5: "bf16"}
-HEADER_INTS = 256
+sys.path.insert(0, os.path.join(HERE, "data"))
+import file_formats  # noqa: E402  (every file header and the parameter list, as the C++ side declares them)
+from file_formats import (HEADER_INTS, LLMC_MODEL_MAGIC, LLMC_MODEL_VERSIONS, MODEL_FILE_MAGIC,  # noqa: E402
+                          MODEL_FILE_VERSION, REFERENCE_MAGIC, REFERENCE_VERSION, TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION)
 EOT = 50256  # GPT-2's <|endoftext|>
 GPT2_DESCRIPTORS = {"d6": (6, 6, 384), "d12": (12, 12, 768), "d24": (24, 16, 1024),
                     "d36": (36, 20, 1280), "d48": (48, 25, 1600)}  # L, NH, C
@@ -218,17 +217,13 @@ def checkpoint_tensors(model):
 
 
 def param_shapes(cfg):
-    """(name, shape) in checkpoint order: the shapes of the header's comment."""
-    L, C = cfg.L, cfg.C
-    return [("wte", (cfg.Vp, C)), ("wpe", (cfg.maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)),
-            ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)),
-            ("ln2w", (L, C)), ("ln2b", (L, C)), ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
-            ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
+    """(name, shape) in checkpoint order: data/file_formats.py's PARAMETER_TENSORS, which is
+    model_config.h's list (test/test_formats.py checks it)."""
+    return file_formats.param_shapes(cfg)
 
 
-DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"}  # train_gpt.cu's PARAM_DECAY_MASK
-PER_LAYER = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
-             "fcprojw", "fcprojb"}  # stacked over layers: (L, ...)
+DECAYED = file_formats.DECAYED      # weight decay (model_config.h's list)
+PER_LAYER = file_formats.PER_LAYER  # stacked over layers: (L, ...)
 
 
 def num_checkpoint_floats(cfg):
@@ -419,7 +414,7 @@ def model_inputs(source):
         weights = next((os.path.join(source, n) for n in HF_WEIGHTS if os.path.lexists(os.path.join(source, n))), None)
         if weights is None:
             return []
-    ours = (CHECKPOINT_MAGIC.to_bytes(4, "little"), LLMC_MAGIC.to_bytes(4, "little"))
+    ours = (MODEL_FILE_MAGIC.to_bytes(4, "little"), LLMC_MODEL_MAGIC.to_bytes(4, "little"))
     if not weights.endswith((".safetensors", ".index.json")) and read_head(weights, 4) in ours:
         return [weights]
     folder = os.path.dirname(weights)
@@ -452,14 +447,13 @@ def check_outputs(flag, value, outputs, inputs, force):
 
 
 def write_checkpoint_params(cfg, params, path, replace=True):
-    header = np.zeros(HEADER_INTS, dtype=np.int32)
-    header[:8] = [CHECKPOINT_MAGIC, CHECKPOINT_VERSION, cfg.L, cfg.NH, cfg.C, cfg.maxT, cfg.V, cfg.Vp]
+    header = file_formats.MODEL_FILE.pack(L=cfg.L, NH=cfg.NH, C=cfg.C, maxT=cfg.maxT, V=cfg.V, Vp=cfg.Vp)
     data = []
     for name, shape in param_shapes(cfg):
         if params[name].shape != shape:
             raise Error(f"{name}: shape {params[name].shape}, expected {shape} for {cfg}")
         data.append(np.ascontiguousarray(params[name], dtype=np.float32))
-    write_atomic(path, [header] + data, crc_slot=8, replace=replace)
+    write_atomic(path, [header] + data, crc_slot=file_formats.MODEL_FILE.slot("crc"), replace=replace)
 
 
 def write_checkpoint(model, path, replace=True):
@@ -537,17 +531,17 @@ def split_params(cfg, flat):
 
 
 def read_checkpoint_params(path):
-    h = read_header(path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, "checkpoint")
-    cfg = config_of(path, *(int(x) for x in h[2:8]))
+    h = read_header(path, MODEL_FILE_MAGIC, MODEL_FILE_VERSION, "checkpoint")
+    f = file_formats.MODEL_FILE.unpack(h)
+    cfg = config_of(path, f["L"], f["NH"], f["C"], f["maxT"], f["V"], f["Vp"])
     n = num_checkpoint_floats(cfg)
     expected = HEADER_INTS * 4 + 4 * n
     if os.path.getsize(path) != expected:
         raise Error(f"checkpoint '{path}': {os.path.getsize(path)} bytes, expected {expected} for {cfg}")
     data = np.fromfile(path, dtype=np.float32, offset=HEADER_INTS * 4)
-    if h[8] != 0:
-        zeroed = h.copy()
-        zeroed[8] = 0
-        if np.uint32(zlib.crc32(data, zlib.crc32(zeroed.tobytes()))) != h.view(np.uint32)[8]:
+    if f["crc"] != 0:
+        zeroed = file_formats.MODEL_FILE.pack(**{**f, "crc": 0})
+        if zlib.crc32(data, zlib.crc32(zeroed.tobytes())) != f["crc"]:
             raise Error(f"checkpoint '{path}' fails its crc32 check (corrupt or partly written)")
     return check_finite(path, cfg, split_params(cfg, data))
 
@@ -558,7 +552,7 @@ def read_checkpoint(path, device="cpu"):
 
 def token_count(path):
     """The number of tokens of a token file whose size matches its header."""
-    n = int(read_header(path, TOKENS_MAGIC, TOKENS_VERSION, "token file")[2])
+    n = int(read_header(path, TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION, "token file")[2])
     size = os.path.getsize(path)
     if n < 1 or size != HEADER_INTS * 4 + 2 * n:
         raise Error(f"token file '{path}': its header says {n} tokens, its size is {size} bytes (truncated?)")
@@ -580,17 +574,17 @@ def read_llmc(path):
     """llm.c's model file (gpt2_write_to_checkpoint): version 3 holds fp32 parameters, 5 bf16."""
     regular_file(path, "llm.c model file")
     with open(path, "rb") as f:
-        h = header_ints(f, path, LLMC_MAGIC, "llm.c model file")
-        if h[0] != LLMC_MAGIC:
+        h = header_ints(f, path, LLMC_MODEL_MAGIC, "llm.c model file")
+        if h[0] != LLMC_MODEL_MAGIC:
             raise Error(f"'{path}' is not an llm.c model file (bad magic number)")
-        if int(h[1]) not in LLMC_VERSIONS:
+        if int(h[1]) not in LLMC_MODEL_VERSIONS:
             raise Error(f"llm.c model file '{path}': version {h[1]}, expected 3 (fp32) or 5 (bf16)")
-        maxT, V, L, NH, C, Vp = (int(x) for x in h[2:8])
-        cfg = config_of(path, L, NH, C, maxT, V, Vp)
+        fl = file_formats.LLMC_MODEL.unpack(h)
+        cfg = config_of(path, fl["L"], fl["NH"], fl["C"], fl["maxT"], fl["V"], fl["Vp"])
         n, width = num_checkpoint_floats(cfg), 4 if h[1] == 3 else 2
         if os.path.getsize(path) != HEADER_INTS * 4 + width * n:
             raise Error(f"llm.c model file '{path}': {os.path.getsize(path)} bytes, expected "
-                        f"{HEADER_INTS * 4 + width * n} for {cfg} ({LLMC_VERSIONS[int(h[1])]}; truncated?)")
+                        f"{HEADER_INTS * 4 + width * n} for {cfg} ({LLMC_MODEL_VERSIONS[int(h[1])]}; truncated?)")
         data = np.fromfile(f, dtype=np.float32 if width == 4 else np.uint16, count=n)
     if width == 2:  # bf16 is the top half of an fp32
         data = (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
@@ -604,8 +598,8 @@ def to_bf16_bits(a):
 
 
 def write_llmc(cfg, params, path, dtype, replace=True):
-    header = np.zeros(HEADER_INTS, dtype=np.int32)
-    header[:8] = [LLMC_MAGIC, 3 if dtype == "fp32" else 5, cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, cfg.Vp]
+    header = file_formats.LLMC_MODEL.pack(version=3 if dtype == "fp32" else 5, maxT=cfg.maxT, V=cfg.V, L=cfg.L,
+                                          NH=cfg.NH, C=cfg.C, Vp=cfg.Vp)
     convert = (lambda a: np.ascontiguousarray(a, dtype=np.float32)) if dtype == "fp32" else to_bf16_bits
     write_atomic(path, [header] + [convert(params[name]) for name, _ in param_shapes(cfg)], replace=replace)
 
@@ -947,9 +941,9 @@ def read_model_params(source):
         return read_hf(source)
     head = read_head(source)
     magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
-    if magic == CHECKPOINT_MAGIC:
+    if magic == MODEL_FILE_MAGIC:
         return read_checkpoint_params(source)
-    if magic == LLMC_MAGIC:
+    if magic == LLMC_MODEL_MAGIC:
         return read_llmc(source)
     if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80" or safetensors_layout(head):  # torch.save: zip or pickle
         return read_hf(source)
@@ -1064,11 +1058,10 @@ def cmd_state(args):
         opt.step()
         losses.append(loss.item())
         print(f"step {step}: loss {losses[-1]:.6f}")
-    header = np.zeros(HEADER_INTS, dtype=np.int32)
-    header[:11] = [STATE_MAGIC, STATE_VERSION, args.batch, args.seq, args.steps,
-                   cfg.L, cfg.NH, cfg.C, cfg.maxT, cfg.V, cfg.Vp]
-    header.view(np.float32)[16:22] = [args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
-                                      args.clip]
+    header = file_formats.REFERENCE.pack(B=args.batch, T=args.seq, K=args.steps, L=cfg.L, NH=cfg.NH, C=cfg.C,
+                                         maxT=cfg.maxT, V=cfg.V, Vp=cfg.Vp, lr=args.lr, beta1=args.beta1,
+                                         beta2=args.beta2, eps=args.eps, weight_decay=args.weight_decay,
+                                         clip=args.clip)
     write_atomic(args.out, [header, x.cpu().numpy().astype(np.int32), y.cpu().numpy().astype(np.int32),
                             logits0, np.float32([loss0])] + grads + [np.float32(losses)], replace=args.force)
     print(f"wrote {args.out}: B={args.batch} T={args.seq} K={args.steps} on {device}, loss {loss0:.6f}")
@@ -1102,12 +1095,15 @@ def gpt2_tokenizer():
         raise Error(str(e))
 
 
-def sample_next(logits, temperature, top_k, rng):
-    """The next token from the fp32 logits of the last position over the real vocabulary (V,).
-    Temperature 0: argmax (the lowest id on ties). Else in float64: s = logits / temperature; with
-    top_k > 0 only the ids whose s >= the top_k-th largest s stay (ties included); p = exp(s - max s)
-    over them; r = rng.uniform() * sum(p), summed in id order; walking the ids upwards, subtracting
-    p[id] from r, the first id where r < 0 (the last kept id if rounding never gets there)."""
+def sample_next(logits, temperature, top_k, rng, top_p=1.0):
+    """The next token from the fp32 logits of the last position over the real vocabulary (V,), as
+    train_gpt.cu's sample_token draws it. Temperature 0: argmax (the lowest id on ties). Else in
+    float64: s = logits / temperature; with top_k > 0 only the ids whose s >= the top_k-th largest s
+    stay (ties included); p = exp(s - max s) over them; top_p < 1 keeps the fewest of those ids, taken
+    by p downwards (ties by id upwards), whose p added in that order reach top_p times the sum of p
+    (added in id order), the others get p = 0; r = rng.uniform() * sum(p), summed in id order; walking
+    the ids upwards, subtracting p[id] from r, the first id where r < 0 (the last id with p > 0 if
+    rounding never gets there)."""
     if temperature == 0:
         return int(np.argmax(logits))
     s = logits.astype(np.float64) / temperature
@@ -1115,9 +1111,17 @@ def sample_next(logits, temperature, top_k, rng):
     if 0 < top_k < s.size:
         keep = s >= np.partition(s, s.size - top_k)[s.size - top_k]
     p = np.where(keep, np.exp(s - s.max()), 0.0)  # an excluded id adds 0: the sums are unchanged
-    r = rng.uniform() * np.cumsum(p)[-1]  # cumsum and accumulate add one term at a time, in order
+    total = np.cumsum(p)[-1]  # cumsum and accumulate add one term at a time, in order
+    if top_p < 1.0:
+        ids = np.flatnonzero(p > 0)
+        order = ids[np.argsort(-p[ids], kind="stable")]
+        reached = np.flatnonzero(np.cumsum(p[order]) >= float(np.float32(top_p)) * total)
+        if reached.size:
+            p[order[reached[0] + 1:]] = 0.0
+        total = np.cumsum(p)[-1]
+    r = rng.uniform() * total
     below = np.flatnonzero(np.subtract.accumulate(np.concatenate([[r], p]))[1:] < 0)
-    return int(below[0]) if below.size else int(np.flatnonzero(keep)[-1])
+    return int(below[0]) if below.size else int(np.flatnonzero(p > 0)[-1])
 
 
 def cmd_generate(args):
@@ -1127,6 +1131,17 @@ def cmd_generate(args):
     if cfg.V != 50257:
         raise Error(f"'{args.checkpoint}' has V={cfg.V}; generate needs GPT-2's vocabulary (V=50257)")
     enc = gpt2_tokenizer()
+    if args.prompt_file is not None:
+        if args.prompt:
+            raise Error("give the prompt with --prompt or --prompt-file, not both")
+        regular_file(args.prompt_file, "prompt file")
+        try:
+            with open(args.prompt_file, "rb") as f:
+                args.prompt = f.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise Error(f"--prompt-file: '{args.prompt_file}' is not valid UTF-8 (at byte {e.start})")
+        except OSError as e:
+            raise Error(f"--prompt-file: cannot read '{args.prompt_file}': {e.strerror}")
     try:  # argv's bytes that are not UTF-8 arrive as surrogates: refused, as generate_gpt refuses them
         args.prompt.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -1138,7 +1153,9 @@ def cmd_generate(args):
         for _ in range(args.tokens):
             window = torch.tensor([context[-cfg.maxT:]], device=device)  # the last maxT tokens
             logits, _ = model(window)
-            token = sample_next(logits[0, -1].float().cpu().numpy(), args.temperature, args.top_k, rng)
+            token = sample_next(logits[0, -1].float().cpu().numpy(), args.temperature, args.top_k, rng, args.top_p)
+            if args.stop_at_eot and token == EOT:
+                break
             context.append(token)
             new.append(token)
     seconds = time.time() - start
@@ -1147,7 +1164,7 @@ def cmd_generate(args):
     print(args.prompt + enc.decode(new))
     print("---")
     print(f"{len(new)} tokens in {seconds:.2f} s: {len(new) / max(seconds, 1e-9):.1f} tokens/s on {device} "
-          f"(temperature {args.temperature:g}, top-k {args.top_k}, seed {args.seed})")
+          f"(temperature {args.temperature:g}, top-k {args.top_k}, top-p {args.top_p:g}, seed {args.seed})")
     print("tokens: " + " ".join(str(t) for t in new))
 
 
@@ -1228,15 +1245,27 @@ class DataLoader:
 
 
 def learning_rate(a, step):
-    """train_gpt.cu's learning_rate() (step from 0), in float32 as it computes it: linear warm-up to
-    -l over -u steps, then cosine to -l * -q at step -x."""
+    """schedule.h's LearningRateSchedule::at (step from 0), in float32 as it computes it: a linear
+    warm-up to -l over -u steps, then -k's schedule down to -l * -q at step -x (wsd: constant until
+    the last -wd of the steps)."""
     f = np.float32
     if step < a.u:
         return f(a.l) * f(step + 1) / f(a.u)
+    peak, min_lr = f(a.l), f(a.l) * f(a.q)
+    if a.k == "constant":
+        return peak
+    if a.k == "wsd":
+        v = f(a.wd) * f(a.x)  # std::lround: half away from zero
+        decay_start = max(a.u, a.x - int(math.floor(abs(float(v)) + 0.5)) * (1 if v >= 0 else -1))
+        if step < decay_start:
+            return peak
+        progress = min(f(1.0), f(step - decay_start) / f(max(1, a.x - decay_start)))
+        return min_lr + (f(1.0) - np.sqrt(progress)) * (peak - min_lr)
     span = f(max(1, a.x - a.u))
     progress = min(f(1.0), f(step - a.u) / span)
-    min_lr = f(a.l) * f(a.q)
-    return min_lr + f(0.5) * (f(a.l) - min_lr) * (f(1.0) + np.cos(f(3.14159265358979) * progress))
+    if a.k == "linear":
+        return peak - progress * (peak - min_lr)
+    return min_lr + f(0.5) * (peak - min_lr) * (f(1.0) + np.cos(f(3.14159265358979) * progress))
 
 
 def clip_factor(norm_squared, clip):
@@ -1501,6 +1530,11 @@ def main(argv=None):
                      help="softmax temperature; 0 = greedy (default 1.0)")
     gen.add_argument("--top-k", type=ranged(int, 0, 1 << 30), default=0, metavar="K",
                      help="sample among the K most likely tokens; 0 = all (default 0)")
+    gen.add_argument("--top-p", type=ranged(float, 1e-9, 1.0), default=1.0, metavar="P",
+                     help="nucleus: the most likely tokens whose probabilities reach P; 1 = all (default 1)")
+    gen.add_argument("--prompt-file", default=None, metavar="FILE", help="the prompt read from a UTF-8 file")
+    gen.add_argument("--stop-at-eot", type=ranged(int, 0, 1), default=0, metavar="0|1",
+                     help="1 = stop at <|endoftext|>, which is not printed (default 0)")
     gen.add_argument("--seed", type=SEED, default=1337, metavar="S",
                      help="sampler seed (default 1337)")
     gen.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
@@ -1526,7 +1560,11 @@ def main(argv=None):
                     help="peak learning rate (default 6e-4)")
     tr.add_argument("-u", type=ranged(int, 0, 1 << 30), default=10, metavar="STEPS", help="warm-up steps (default 10)")
     tr.add_argument("-q", type=ranged(float, 0.0, 1.0), default=0.1, metavar="FRAC",
-                    help="final learning rate as a fraction of -l, cosine decay (default 0.1)")
+                    help="final learning rate as a fraction of -l (default 0.1)")
+    tr.add_argument("-k", default="cosine", choices=["cosine", "linear", "constant", "wsd"],
+                    help="schedule after the warm-up, as train_gpt's -k (default cosine)")
+    tr.add_argument("-wd", type=ranged(float, 0.0, 1.0), default=0.2, metavar="FRAC",
+                    help="wsd: the fraction of the steps that decays (default 0.2)")
     tr.add_argument("-c", type=ranged(float, 0.0, 10.0), default=0.1, metavar="WD", help="weight decay (default 0.1)")
     tr.add_argument("-gc", type=ranged(float, 0.0, 1e6), default=1.0, metavar="CLIP",
                     help="global gradient-norm clip, 0 = off (default 1.0)")

@@ -25,6 +25,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from file_formats import HEADER_BYTES, TOKEN_FILE, TOKENIZER  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # name in the mirror -> (canonical URL, sha256). The hashes are the ones tiktoken pins.
@@ -41,9 +44,6 @@ BPE_FILES = {
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 EOT = 50256
 VOCAB_SIZE = 50257
-TOKENS_MAGIC, TOKENS_VERSION = 20240520, 1
-TOKENIZER_MAGIC, TOKENIZER_VERSION = 20240328, 2
-HEADER_BYTES = 256 * 4
 
 
 class PrepError(Exception):
@@ -178,14 +178,8 @@ def local_bpe_files():
     return contents
 
 
-def header(magic, version, count, extra=0):
-    h = np.zeros(256, dtype="<i4")
-    h[0], h[1], h[2], h[3] = magic, version, count, extra
-    return h.tobytes()
-
-
 def token_file_header(count):
-    return header(TOKENS_MAGIC, TOKENS_VERSION, count)
+    return TOKEN_FILE.pack(count=count).tobytes()
 
 
 def token_file_ok(path):
@@ -198,8 +192,11 @@ def token_file_ok(path):
         size = os.path.getsize(path)
     except OSError:
         return False
-    return (len(h) == 256 and h[0] == TOKENS_MAGIC and h[1] == TOKENS_VERSION and h[2] >= 1
-            and size == HEADER_BYTES + 2 * int(h[2]))
+    if len(h) != 256:
+        return False
+    f = TOKEN_FILE.unpack(h)
+    return (f["magic"] == TOKEN_FILE.magic and f["version"] == TOKEN_FILE.version and f["count"] >= 1
+            and size == HEADER_BYTES + 2 * f["count"])
 
 
 def tokenizer_file_ok(path):
@@ -212,8 +209,8 @@ def tokenizer_file_ok(path):
         return False
     if len(data) < HEADER_BYTES:
         return False
-    h = np.frombuffer(data[:HEADER_BYTES], dtype="<i4")
-    if h[0] != TOKENIZER_MAGIC or h[1] != TOKENIZER_VERSION or h[2] != VOCAB_SIZE or h[3] != EOT:
+    f = TOKENIZER.unpack(data[:HEADER_BYTES])
+    if (f["magic"], f["version"], f["vocab_size"], f["eot_token"]) != (TOKENIZER.magic, TOKENIZER.version, VOCAB_SIZE, EOT):
         return False
     pos = HEADER_BYTES
     for _ in range(VOCAB_SIZE):
@@ -224,10 +221,10 @@ def tokenizer_file_ok(path):
 
 
 def write_tokenizer(enc, path):
-    """256 x int32 header (magic 20240328, version 2, vocab size, eot token), then for each token id
+    """file_formats.py's TOKENIZER header (version 2: vocab size, eot token), then for each token id
     a uint8 length and that many raw bytes."""
     pieces = [enc.decode_single_token_bytes(i) for i in range(VOCAB_SIZE)]
     if not all(0 < len(p) < 256 for p in pieces):  # the uint8 length field; true of GPT-2's vocab
         raise PrepError("a token's bytes do not fit the tokenizer file's uint8 length field")
-    atomic_write(path, [header(TOKENIZER_MAGIC, TOKENIZER_VERSION, VOCAB_SIZE, EOT)]
+    atomic_write(path, [TOKENIZER.pack(vocab_size=VOCAB_SIZE, eot_token=EOT).tobytes()]
                  + [bytes([len(p)]) + p for p in pieces])

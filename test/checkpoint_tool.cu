@@ -8,6 +8,9 @@
 //                                          "refuse" (damaged checkpoints only), one line
 //   checkpoint_tool verify DIR STEP        checkpoint STEP loads and holds exactly what save wrote
 //   checkpoint_tool layout L,NH,C,maxT,V,Vp the parameter list of model_config.h for that config, a tensor a line
+//   checkpoint_tool schedule KIND PEAK FINAL WARMUP STEPS DECAY   the learning rate of every step (schedule.h)
+//   checkpoint_tool sample LOGITS TEMP TOP_K TOP_P SEED N   N draws of sample_token from the fp32 logits in
+//                                          the file LOGITS (raw floats), one generator: the ids, one a line
 //   checkpoint_tool formats DIR            each file format's header with every field set to a value of its own,
 //                                          written to DIR/NAME.bin, and "NAME FIELD VALUE" a field a line
 //                                          (test/test_formats.py compares both with data/file_formats.py)
@@ -83,8 +86,35 @@ static void write_formats(const std::string& dir) {
 int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "-h" || cmd == "--help" || argc < 3) {
-        printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp | formats DIR\n");
+        printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp |\n"
+               "       schedule KIND PEAK FINAL WARMUP STEPS DECAY | sample LOGITS TEMP TOP_K TOP_P SEED N | formats DIR\n");
         return argc < 3 && cmd != "-h" && cmd != "--help";
+    }
+    if (cmd == "schedule" && argc == 8) {
+        LearningRateSchedule s;
+        if (!schedule_kind_from_name(argv[2], &s.kind)) fail("schedule: unknown kind '%s'", argv[2]);
+        s.peak = (float)parse_float_flag("PEAK", argv[3], 0.0, 10.0), s.final_fraction = (float)parse_float_flag("FINAL", argv[4], 0.0, 1.0);
+        s.warmup = (int)parse_int_flag("WARMUP", argv[5], 0, 1 << 30), s.steps = (int)parse_int_flag("STEPS", argv[6], 1, 1 << 30);
+        s.decay_fraction = (float)parse_float_flag("DECAY", argv[7], 0.0, 1.0);
+        for (int step = 0; step < s.steps; step++) printf("%.9g\n", s.at(step));
+        return 0;
+    }
+    if (cmd == "sample" && argc == 8) {
+        std::vector<uint8_t> bytes;
+        std::string error;
+        if (!read_whole_file(argv[2], bytes, &error, uint64_t(1) << 30) || bytes.size() % 4 || bytes.empty())
+            fail("sample: %s", error.empty() ? "the logits file holds no whole floats" : error.c_str());
+        std::vector<float> logits(bytes.size() / 4);
+        memcpy(logits.data(), bytes.data(), bytes.size());
+        SampleOptions o;
+        o.temperature = (float)parse_float_flag("TEMP", argv[3], 0.0, 100.0), o.top_k = (int)parse_int_flag("TOP_K", argv[4], 0, 1 << 30);
+        o.top_p = (float)parse_float_flag("TOP_P", argv[5], 1e-9, 1.0);
+        Rng rng((uint64_t)parse_int_flag("SEED", argv[6], 0, 1l << 62));
+        const int n = (int)parse_int_flag("N", argv[7], 1, 1 << 20);
+        std::vector<double> scratch;
+        std::vector<int> order;
+        for (int i = 0; i < n; i++) printf("%d\n", sample_token(logits, o, rng, scratch, order));
+        return 0;
     }
     if (cmd == "layout" && argc == 3) {
         GPTConfig c;
