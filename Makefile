@@ -70,13 +70,14 @@ HEADERS := $(wildcard *.cuh *.h)
 TRAIN_BINS := $(if $(wildcard train_gpt.cu),train_gpt_bf16 train_gpt_fp32)
 TEST_GPT_BINS := $(if $(wildcard test_gpt.cu),test_gpt_bf16 test_gpt_fp32)
 GENERATE_BINS := $(if $(wildcard generate_gpt.cu),generate_gpt_bf16 generate_gpt_fp32)
+EVAL_BINS := $(if $(wildcard eval_gpt.cu),eval_gpt_bf16 eval_gpt_fp32)
 # Every dev/cuda/*.cu is a lab program, but the *_capi.cu C APIs (shared libraries, below). Every lab
 # depends on every lab header beside it (dev/cuda/*.cuh) and on dev/lab.cuh, which the tests share.
 DEV_LIBS := $(wildcard dev/cuda/*_capi.cu)
 DEV_BINS := $(patsubst %.cu,%,$(filter-out $(DEV_LIBS),$(wildcard dev/cuda/*.cu)))
 DEV_HEADERS := $(wildcard dev/cuda/*.cuh) dev/lab.cuh
 UNIT_BINS := $(patsubst test/%.cu,build/test/%,$(wildcard test/*.cu))
-PROGRAMS := $(TRAIN_BINS) $(TEST_GPT_BINS) $(GENERATE_BINS) $(DEV_BINS) $(UNIT_BINS)
+PROGRAMS := $(TRAIN_BINS) $(TEST_GPT_BINS) $(GENERATE_BINS) $(EVAL_BINS) $(DEV_BINS) $(UNIT_BINS)
 
 .PHONY: all test train generate clean list-programs python
 all: $(PROGRAMS)

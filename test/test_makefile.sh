@@ -16,11 +16,11 @@ report() {  # name ok detail
 cores=$(nproc 2>/dev/null || echo 1)
 
 tree=$tmp/tree
-mkdir -p "$tree"/{dev/cuda,dev/layernorm,dev/attention,test,scripts,data}
+mkdir -p "$tree"/{dev/cuda,test,scripts,data}
 cp Makefile "$tree/"
 touch "$tree"/{train_gpt.cu,test_gpt.cu,generate_gpt.cu,common.cuh} "$tree"/dev/lab.cuh \
       "$tree"/dev/cuda/{lab_a.cu,lab_b.cu,lab_c.cu} "$tree"/test/{unit_a.cu,unit_b.cu,fault_inject.c} \
-      "$tree"/dev/layernorm/layernorm_capi.cu "$tree"/dev/attention/attention_capi.cu
+      "$tree"/dev/cuda/layernorm_capi.cu "$tree"/dev/cuda/attention_capi.cu
 printf '#!/bin/sh\necho /bin/true\n' >"$tree/scripts/setup_python.sh"
 printf '#!/bin/sh\necho "1 passed, 0 failed, 0 skipped"\n' >"$tree/test/run_tests.sh"
 log=$tmp/log

@@ -84,8 +84,10 @@ verdicts=$(passed=0 failed=0
     close restarted "$tmp/made_up" "$tmp/made_up" 1e-2 10 loss
     close nan "$tmp/made_up" "$tmp/made_up_nan" 1e-2 20 all
     close first "$tmp/made_up" "$tmp/made_up_norm_first" 1e-2 20 loss)
-verdicts=$(grep -oE '^  [a-z]+ +(ok|FAIL)' <<<"$verdicts" | awk '{ printf "%s%s:%s", (NR > 1 ? " " : ""), $1, $2 }')
-expected="match:ok resumed:ok late:ok unit:ok drift:FAIL units:FAIL gap:FAIL extra:FAIL restarted:FAIL nan:FAIL first:FAIL"
+# (a refused log is written "refused" here: a reader looking for this test's failures greps for FAIL)
+verdicts=$(grep -oE '^  [a-z]+ +(ok|FAIL)' <<<"$verdicts" | sed 's/FAIL$/refused/' |
+    awk '{ printf "%s%s:%s", (NR > 1 ? " " : ""), $1, $2 }')
+expected="match:ok resumed:ok late:ok unit:ok drift:refused units:refused gap:refused extra:refused restarted:refused nan:refused first:refused"
 report "the step comparator on made-up logs: 4 to pass, 7 to fail" "$([[ $verdicts == "$expected" ]] && echo 1 || echo 0)" \
     "$verdicts"
 

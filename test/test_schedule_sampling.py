@@ -6,7 +6,8 @@
     wsd decay fractions: the float32 learning rate of every step is the same bits on both sides
     (cosine: within peak * 2^-22, the two libraries' cosines);
   - the sampler on made-up logits (ties included) at several temperatures, top-k and top-p: the same
-    ids, draw after draw from one generator (greedy, top-k alone, top-p alone, both).
+    ids, draw after draw from one generator (greedy, top-k alone, top-p alone, both); and what top-p
+    keeps of a distribution whose nucleus is known.
 Needs build/test/checkpoint_tool (no GPU). Ends with `N passed, N failed`.
 """
 import os
@@ -73,6 +74,14 @@ def main():
                 py = [ref.sample_next(logits, temp, top_k, r, top_p) for _ in range(200)]
                 check(f"V={V} temperature {temp:g} top-k {top_k} top-p {top_p:g}: the same 200 ids", cpp == py,
                       "" if cpp == py else f"first difference at draw {next(i for i in range(200) if cpp[i] != py[i])}")
+        # What top-p keeps, on a distribution whose nucleus is known: p = 0.5, 0.3, 0.15, 0.05.
+        logits = np.log(np.float32([0.5, 0.3, 0.15, 0.05]))
+        path = os.path.join(tmp, "known.bin")
+        logits.tofile(path)
+        for top_p, allowed in ((0.45, {0}), (0.75, {0, 1}), (0.9, {0, 1, 2}), (1.0, {0, 1, 2, 3})):
+            ids = [int(x) for x in tool("sample", path, 1.0, 0, top_p, 5, 2000)]
+            check(f"top-p {top_p:g} of (0.5, 0.3, 0.15, 0.05): draws {sorted(allowed)} only, each of them",
+                  set(ids) == allowed, f"drew {sorted(set(ids))}")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
