@@ -26,6 +26,8 @@ Subcommands (each has -h):
   train     a training run exactly as train_gpt does it (same flags, data order, schedule, clipping,
             AdamW, skipped steps, validation, printed lines), in fp32 with TF32 off, to put beside one of
             train_gpt's runs
+  eval      a model's HellaSwag score (acc, acc_norm) on llm.c's eval file, as train_gpt computes it
+            (data/prepare_hellaswag.py writes the file; --scores: every completion's summed loss)
 
 Checkpoint layout: 256 int32 header, then the parameters as fp32, tensor after tensor, each
 row-major, every per-layer tensor stacked over layers (shape (L, ...)):
@@ -1077,6 +1079,129 @@ def cmd_loss(args):
         print(f"loss {loss.item():.6f}")
 
 
+# ------------------------------------------------------------------------------------------------
+# Evaluation: multiple-choice files in llm.c's eval format (HellaSwag, written by
+# data/prepare_hellaswag.py; layout in data/eval_file.py), scored as evaluation.h scores them: the
+# model reads each completion's row (context + completion), the fp32 loss of each completion token
+# given everything before it is summed in float64 in position order, and the example counts for acc
+# where the right completion has the smallest sum, for acc_norm where it has the smallest sum per token.
+
+def read_eval_examples(path, cfg, limit=None):
+    """The eval file's examples (the first `limit`), checked as evaluation.h checks them, and those
+    taken against the model: every token below its V, every row within its maxT."""
+    sys.path.insert(0, os.path.join(HERE, "data"))
+    import eval_file
+    regular_file(path, "eval file")
+    try:
+        examples = eval_file.read_eval_file(path)
+    except eval_file.EvalFileError as e:
+        raise Error(str(e))
+    except OSError as e:
+        raise Error(f"cannot read eval file '{path}': {e.strerror}")
+    examples = examples[:limit]
+    largest = max(max(max(c) for c in ex.completions + [ex.context]) for ex in examples)
+    if largest >= cfg.V:
+        raise Error(f"eval file '{path}' holds token {largest}, the model's V is {cfg.V}"
+                    + (": it needs GPT-2's vocabulary (V=50257)" if largest < 50257 else ""))
+    longest = max(range(len(examples)), key=lambda i: examples[i].longest_row())
+    if examples[longest].longest_row() > cfg.maxT:
+        raise Error(f"eval file '{path}': example {longest} has a row of {examples[longest].longest_row()} "
+                    f"tokens (context + completion), more than the model's maxT={cfg.maxT}")
+    return examples
+
+
+def row_losses(model, rows, device):
+    """Per-position fp32 losses of rows of tokens (lists, any lengths), in one forward pass: row i's
+    position t holds the loss of its token t + 1 given tokens 0..t. Rows are padded with token 0 at
+    the end, which the causal model's earlier positions never see."""
+    T = max(len(r) for r in rows)
+    x = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = torch.tensor(r)
+    x = x.to(device)
+    logits, _ = model(x)
+    V = logits.shape[-1]
+    losses = F.cross_entropy(logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1), reduction="none")
+    return losses.view(len(rows), T - 1).cpu().numpy()
+
+
+def eval_choice(sums, counts):
+    """(acc's choice, acc_norm's choice): the completion with the smallest sum, and with the smallest
+    sum per token; ties to the lowest index (evaluation.h's eval_score, comparison for comparison)."""
+    best = best_norm = 0
+    best_sum = best_mean = 0.0
+    for k, (total, count) in enumerate(zip(sums, counts)):
+        mean = total / count
+        if k == 0 or total < best_sum:
+            best, best_sum = k, total
+        if k == 0 or mean < best_mean:
+            best_norm, best_mean = k, mean
+    return best, best_norm
+
+
+def cmd_eval(args):
+    if args.scores is not None:
+        check_outputs("--scores", args.scores, [args.scores],
+                      [args.hellaswag] + model_inputs(args.checkpoint), args.force)
+    device = pick_device(args.device)
+    model = load_model(args.checkpoint, device).eval()
+    examples = read_eval_examples(args.hellaswag, model.cfg, args.limit)
+    rows = [(e, k) for e, ex in enumerate(examples) for k in range(len(ex.completions))]
+    # Shortest rows first, so that the rows of a pass have about the same length and little padding.
+    rows.sort(key=lambda r: len(examples[r[0]].context) + len(examples[r[0]].completions[r[1]]))
+    print(f"eval: {len(examples):,} examples of '{args.hellaswag}' ({len(rows):,} rows of up to "
+          f"{max(ex.longest_row() for ex in examples)} tokens), {model.cfg} on {device}, {args.batch} rows a pass")
+    sums = [[0.0] * len(ex.completions) for ex in examples]
+    start = shown = time.time()
+    with torch.no_grad():
+        for lo in range(0, len(rows), args.batch):
+            chunk = rows[lo:lo + args.batch]
+            losses = row_losses(model, [examples[e].context + examples[e].completions[k] for e, k in chunk], device)
+            for (e, k), row in zip(chunk, losses):
+                first = len(examples[e].context) - 1
+                total = 0.0
+                for loss in row[first:first + len(examples[e].completions[k])].tolist():
+                    total += loss  # float64, in position order, as evaluation.h adds them
+                sums[e][k] = total
+            if time.time() - shown >= (1.0 if sys.stdout.isatty() else 30.0):
+                shown = time.time()
+                done = min(lo + args.batch, len(rows))
+                print(f"  {done:,} of {len(rows):,} rows, {done / (shown - start):.1f} rows/s", flush=True)
+    correct = correct_norm = 0
+    lines = ["example\tindex\tlabel\tcompletion\ttokens\tloss_sum\tloss_mean\n"]
+    for e, ex in enumerate(examples):
+        counts = [len(c) for c in ex.completions]
+        best, best_norm = eval_choice(sums[e], counts)
+        correct += best == ex.label
+        correct_norm += best_norm == ex.label
+        for k in range(len(counts)):
+            lines.append(f"{e}\t{ex.index}\t{ex.label}\t{k}\t{counts[k]}\t{sums[e][k]!r}\t{sums[e][k] / counts[k]!r}\n")
+    n = len(examples)
+    print(f"acc {correct / n:.6f} ({correct}/{n})")
+    print(f"acc_norm {correct_norm / n:.6f} ({correct_norm}/{n})")
+    print(f"{n:,} examples in {time.time() - start:.1f} s")
+    if args.scores is not None:
+        write_atomic(args.scores, ["".join(lines).encode("utf-8")], replace=args.force)
+        print(f"wrote {args.scores}: a line per completion ({len(rows):,})")
+
+
+def add_eval_parser(sub):
+    ev = sub.add_parser("eval", help="score a model on a multiple-choice eval file (HellaSwag), as train_gpt does",
+                        description="Scores a model on llm.c's eval file (data/prepare_hellaswag.py writes "
+                                    "HellaSwag's) in fp32, TF32 off, as train_gpt scores it: acc and acc_norm.")
+    ev.add_argument("--checkpoint", "-e", required=True, metavar="FILE",
+                    help="checkpoint (or any file import reads)")
+    ev.add_argument("--hellaswag", required=True, metavar="FILE", help="eval file (data/prepare_hellaswag.py)")
+    ev.add_argument("--batch", "-B", type=ranged(int, 1, 65536), default=16, metavar="ROWS",
+                    help="completion rows per forward pass (default 16); changes nothing but fp32 rounding")
+    ev.add_argument("--limit", type=ranged(int, 1, 1 << 30), default=None, metavar="N",
+                    help="the first N examples only (default: all)")
+    ev.add_argument("--scores", metavar="FILE",
+                    help="write a tab-separated line per completion: example, index, label, completion, tokens, "
+                         "loss_sum, loss_mean (floats as Python's repr: exact)")
+    ev.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
+    force_arg(ev)
+
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1581,9 +1706,10 @@ def main(argv=None):
                                               "DIR/model_<steps>.bin")
     tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
 
+    add_eval_parser(sub)
     args = p.parse_args(argv)
     command = {"init": cmd_init, "state": cmd_state, "loss": cmd_loss, "import": cmd_import, "export": cmd_export,
-               "generate": cmd_generate, "train": cmd_train}[args.command]
+               "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval}[args.command]
     try:
         command(args)
     except (MemoryError, RuntimeError) as e:

@@ -1,6 +1,7 @@
 """file_formats.py: every binary file's 256-int32 header, field by field, as the C++ side declares it
 (checkpoint.h: ModelFileHeader, LlmcModelHeader, TrainStateHeader, ReferenceHeader; fileio.h:
-TokenFileHeader, TokenizerHeader). numpy only, so the data scripts need no torch.
+TokenFileHeader, TokenizerHeader; evaluation.h: EvalFileHeader). numpy only, so the data scripts need
+no torch.
 
     header = MODEL_FILE.pack(L=12, NH=12, ...)   # an int32 array of 256, magic and version filled in
     fields = MODEL_FILE.unpack(data)             # {field: value} from 1024 bytes (or more)
@@ -19,6 +20,7 @@ REFERENCE_MAGIC, REFERENCE_VERSION = 20251102, 1
 LLMC_MODEL_MAGIC, LLMC_MODEL_VERSIONS = 20240326, {3: "fp32", 5: "bf16"}
 TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION = 20240520, 1
 TOKENIZER_MAGIC, TOKENIZER_VERSION = 20240328, 2
+EVAL_FILE_MAGIC, EVAL_FILE_VERSION = 20240522, 1
 
 _WIDTH = {"i4": 1, "u4": 1, "f4": 1, "i8": 2, "u8": 2}  # int32 slots
 
@@ -77,7 +79,10 @@ REFERENCE = Header("reference", REFERENCE_MAGIC, REFERENCE_VERSION, [
     ("beta2", 18, "f4"), ("eps", 19, "f4"), ("weight_decay", 20, "f4"), ("clip", 21, "f4")])
 TOKEN_FILE = Header("token_file", TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION, [("count", 2, "i4")])
 TOKENIZER = Header("tokenizer", TOKENIZER_MAGIC, TOKENIZER_VERSION, [("vocab_size", 2, "i4"), ("eot_token", 3, "i4")])
-FORMATS = [MODEL_FILE, LLMC_MODEL, TRAIN_STATE, REFERENCE, TOKEN_FILE, TOKENIZER]
+# llm.c's eval file (data/eval_file.py); longest_example_bytes: the largest example's size in bytes.
+EVAL_FILE = Header("eval_file", EVAL_FILE_MAGIC, EVAL_FILE_VERSION, [
+    ("examples", 2, "i4"), ("longest_example_bytes", 3, "i4")])
+FORMATS = [MODEL_FILE, LLMC_MODEL, TRAIN_STATE, REFERENCE, TOKEN_FILE, TOKENIZER, EVAL_FILE]
 
 # The model's parameter tensors, as model_config.h's GPT_PARAMETER_TENSORS: (name, rows, cols as
 # functions of the config (cols None: a vector), weight decay, per layer (stacked over L), init). The

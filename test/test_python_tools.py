@@ -2,7 +2,7 @@
 
 `make` writes the path of the Python with PyTorch, numpy, tiktoken, safetensors and matplotlib to
 build/python; the `python3` first on PATH may be another one. Each tool a user runs (gpt_reference.py,
-scripts/*.py, data/prepare_tinyshakespeare.py, dev/cuda/*.py) is run here by a bare virtual
+scripts/*.py, data/prepare_*.py, dev/cuda/*.py) is run here by a bare virtual
 environment of this Python (no packages at all) and must print one `error:` line naming that Python,
 the missing module and the Python to use (build/python's, or `make build/python` where there is none),
 then exit with code 1: no traceback. The how-tos (README.md, docs/reference_training.md,
@@ -25,6 +25,7 @@ TOOLS = [("gpt_reference.py", ["-h"], "numpy"),
          ("scripts/bench_torch_gpt.py", ["-h"], "numpy"),
          ("data/prepare_tinyshakespeare.py", ["-h"], "numpy"),
          ("data/prepare_text.py", ["-h"], "numpy"),
+         ("data/prepare_hellaswag.py", ["-h"], "numpy"),
          ("dev/cuda/attention_vs_torch.py", ["-h"], "torch"),
          ("dev/cuda/layernorm_inductor_probe.py", ["-h"], "torch"),
          ("dev/cuda/layernorm_vs_torch.py", ["-h"], "torch"),
