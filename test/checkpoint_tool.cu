@@ -11,6 +11,8 @@
 //   checkpoint_tool schedule KIND PEAK FINAL WARMUP STEPS DECAY   the learning rate of every step (schedule.h)
 //   checkpoint_tool sample LOGITS TEMP TOP_K TOP_P SEED N   N draws of sample_token from the fp32 logits in
 //                                          the file LOGITS (raw floats), one generator: the ids, one a line
+//   checkpoint_tool evalfile FILE V        an eval file as evaluation.h reads it: each example's index, label,
+//                                          context and completions, a line each (or its one error line)
 //   checkpoint_tool formats DIR            each file format's header with every field set to a value of its own,
 //                                          written to DIR/NAME.bin, and "NAME FIELD VALUE" a field a line
 //                                          (test/test_formats.py compares both with data/file_formats.py)
@@ -81,13 +83,18 @@ static void write_formats(const std::string& dir) {
     KEEP_FIELD("tokenizer", tok, magic); KEEP_FIELD("tokenizer", tok, version);
     SET_FIELD("tokenizer", tok, vocab_size); SET_FIELD("tokenizer", tok, eot_token);
     write_header(dir, "tokenizer", &tok, sizeof(tok));
+    EvalFileHeader eval;
+    KEEP_FIELD("eval_file", eval, magic); KEEP_FIELD("eval_file", eval, version);
+    SET_FIELD("eval_file", eval, examples); SET_FIELD("eval_file", eval, longest_example_bytes);
+    write_header(dir, "eval_file", &eval, sizeof(eval));
 }
 
 int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "-h" || cmd == "--help" || argc < 3) {
         printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp |\n"
-               "       schedule KIND PEAK FINAL WARMUP STEPS DECAY | sample LOGITS TEMP TOP_K TOP_P SEED N | formats DIR\n");
+               "       schedule KIND PEAK FINAL WARMUP STEPS DECAY | sample LOGITS TEMP TOP_K TOP_P SEED N | evalfile FILE V |\n"
+               "       formats DIR\n");
         return argc < 3 && cmd != "-h" && cmd != "--help";
     }
     if (cmd == "schedule" && argc == 8) {
@@ -114,6 +121,22 @@ int main(int argc, char** argv) {
         std::vector<double> scratch;
         std::vector<int> order;
         for (int i = 0; i < n; i++) printf("%d\n", sample_token(logits, o, rng, scratch, order));
+        return 0;
+    }
+    if (cmd == "evalfile" && argc == 4) {
+        std::vector<EvalExample> examples;
+        std::string error;
+        if (!read_eval_file(argv[2], (int)parse_int_flag("V", argv[3], 1, 1 << 20), examples, &error)) fail("%s", error.c_str());
+        printf("examples %zu\n", examples.size());
+        for (const EvalExample& ex : examples) {
+            printf("%d %d %zu", ex.index, ex.label, ex.context.size());
+            for (int t : ex.context) printf(" %d", t);
+            for (const auto& c : ex.completions) {
+                printf(" | %zu", c.size());
+                for (int t : c) printf(" %d", t);
+            }
+            printf("\n");
+        }
         return 0;
     }
     if (cmd == "layout" && argc == 3) {

@@ -4,6 +4,8 @@
   - every header: checkpoint_tool formats writes each format's header with every field set to a value
     of its own; data/file_formats.py must pack the same values into the same 1024 bytes, unpack the
     C++ file into the same values, and know the same fields (no more, no fewer);
+  - the eval file (HellaSwag): data/eval_file.py writes examples that evaluation.h reads back the same
+    (checkpoint_tool evalfile), and a truncated copy is refused by both;
   - the parameter list: checkpoint_tool layout prints model_config.h's GPT_PARAMETER_TENSORS for a few
     configs; data/file_formats.py's PARAMETER_TENSORS (which gpt_reference.py uses) must give the same
     names, order, shapes, decay, stacking and init.
@@ -14,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 from types import SimpleNamespace
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
@@ -60,6 +64,42 @@ def main():
             check(f"{name}: Python reads the values C++ wrote", all(got[f] == typed[f] for f in typed), "")
             check(f"{name}: magic and version are the module's names for them",
                   got["magic"] == header.magic and got["version"] == header.version, "")
+    # The eval file: data/eval_file.py writes, evaluation.h (checkpoint_tool evalfile) reads the same
+    # examples; a damaged copy is refused by both.
+    import eval_file as ef
+    rng = np.random.default_rng(3)
+    examples = []
+    for i in range(40):
+        context = rng.integers(0, 50257, int(rng.integers(1, 60))).tolist()
+        completions = [rng.integers(0, 50257, int(rng.integers(1, 30))).tolist() for _ in range(4)]
+        examples.append((i, int(rng.integers(0, 4)), context, completions))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "eval.bin")
+        with open(path, "wb") as f:
+            for chunk in ef.eval_file_chunks([ef.example_words(*e) for e in examples]):
+                f.write(chunk)
+        out = subprocess.run([TOOL, "evalfile", path, "50257"], capture_output=True, text=True)
+        want = [f"examples {len(examples)}"] + [
+            " ".join([str(i), str(label), str(len(c))] + [str(t) for t in c] +
+                     [x for comp in comps for x in ["|", str(len(comp))] + [str(t) for t in comp]])
+            for i, label, c, comps in examples]
+        check("eval file: evaluation.h reads the examples data/eval_file.py wrote",
+              out.returncode == 0 and out.stdout.splitlines() == want, out.stderr.strip()[:100])
+        py = ef.read_eval_file(path, 50257)
+        check("eval file: data/eval_file.py reads them back", [(e.index, e.label, e.context, e.completions) for e in py]
+              == [(i, label, c, comps) for i, label, c, comps in examples])
+        data = bytearray(open(path, "rb").read())
+        cut = os.path.join(tmp, "cut.bin")
+        open(cut, "wb").write(bytes(data[:-3]))
+        out = subprocess.run([TOOL, "evalfile", cut, "50257"], capture_output=True, text=True)
+        try:
+            ef.read_eval_file(cut, 50257)
+            py_refused = False
+        except (ef.EvalFileError, ValueError, OSError):
+            py_refused = True
+        check("eval file: a truncated copy is refused by both, one error line from C++",
+              out.returncode == 1 and out.stderr.count("\n") == 1 and out.stderr.startswith("error:") and py_refused,
+              out.stderr.strip()[:100])
     for cfg in [(2, 3, 39, 50, 1237, 1280), (12, 12, 768, 1024, 50257, 50304), (1, 1, 1, 1, 1, 1)]:
         out = subprocess.run([TOOL, "layout", ",".join(map(str, cfg))], check=True, capture_output=True,
                              text=True).stdout.split("\n")
