@@ -7,8 +7,9 @@
 # those already set), and GPT_RUN_SECRET: a new random secret for this run (or the one already set),
 # which every rank proves at the rendezvous, so that no other process can join it. No MPI needed.
 # Only rank 0 prints a run's progress. SIGTERM / SIGINT are passed on to every rank (each finishes
-# its step and, with -o, rank 0 writes a checkpoint). If a rank fails, the others end too (train_gpt's
-# watchdog sees it within seconds); this script exits with the first non-zero exit code.
+# its step and, with -o, rank 0 writes a checkpoint). If a rank fails, this script sends the others
+# SIGTERM (train_gpt's watchdog would end a joined rank anyway; one still waiting at the rendezvous
+# would wait out its deadline) and exits with the first non-zero exit code.
 set -u
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
     sed -n '2,/^set -u/{/^#/s/^# \{0,1\}//p}' "$0"
@@ -45,6 +46,7 @@ while ((remaining > 0)); do
     rc=$?
     [[ -z ${finished:-} ]] && continue  # a signal (passed on above) interrupted the wait
     remaining=$((remaining - 1))
-    [[ $rc -ne 0 && $status -eq 0 ]] && status=$rc
+    # A rank that failed ends the others: one still waiting to meet it would wait out the rendezvous.
+    [[ $rc -ne 0 && $status -eq 0 ]] && { status=$rc; forward TERM; }
 done
 exit $status

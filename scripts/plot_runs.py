@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Plots training runs side by side: loss and tokens/s against step, one colour per run.
+"""Plots training runs side by side: loss, HellaSwag and tokens/s against step, one colour per run.
 
     $(cat build/python) scripts/plot_runs.py RUN_DIR [RUN_DIR ...] -o runs.png   (or .svg, .pdf)
 
 Each RUN_DIR holds the metrics.csv that train_gpt (and `gpt_reference.py train -o`) write into their
 output folder:
-    step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s
-one row per training step (val_loss empty) and one per validation (only step and val_loss filled).
-Top panel: training loss (solid) and validation loss (dashed, dots); bottom panel: tokens/s. The
+    step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s,hellaswag_acc_norm,hellaswag_acc
+(or without the last two columns, as runs without -he and gpt_reference.py train write it): one row
+per training step, one per validation (only step and val_loss filled) and one per HellaSwag
+evaluation (only step and the two hellaswag columns filled).
+Top panel: training loss (solid) and validation loss (dashed, dots); where a run has evaluations, a
+panel of HellaSwag's acc_norm; bottom panel: tokens/s. The
 legend names each run by its folder. The extension of -o names the image type: .png, .svg or .pdf
 (anything else is refused). The image is written atomically (temporary file, then rename); an
 existing image of that name is replaced (a plot is redrawn as a run goes on), a folder or a
@@ -25,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from python_check import wrong_python_line  # noqa: E402  (beside this file)
 
 COLUMNS = ["step", "train_loss", "val_loss", "lr", "grad_norm", "step_ms", "tokens_per_s"]
+EVAL_COLUMNS = ["hellaswag_acc_norm", "hellaswag_acc"]  # after COLUMNS, in runs with -he
 FORMATS = ("png", "svg", "pdf")  # -o's extension -> matplotlib's savefig format
 
 
@@ -55,16 +59,20 @@ def read_metrics(run_dir):
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise Error(f"cannot read '{path}': {e}")
-    if not lines or [c.strip() for c in lines[0].split(",")] != COLUMNS:
-        raise Error(f"{path} line 1: expected the header '{','.join(COLUMNS)}', got '{lines[0] if lines else ''}'")
-    table = {c: [] for c in COLUMNS}
+    header = [c.strip() for c in lines[0].split(",")] if lines else []
+    if header not in (COLUMNS, COLUMNS + EVAL_COLUMNS):
+        raise Error(f"{path} line 1: expected the header '{','.join(COLUMNS + EVAL_COLUMNS)}' (or without its "
+                    f"last two), got '{lines[0] if lines else ''}'")
+    columns = header
+    table = {c: [] for c in COLUMNS + EVAL_COLUMNS}
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
         fields = [x.strip() for x in line.split(",")]
-        if len(fields) != len(COLUMNS):
-            raise Error(f"{path} line {number}: {len(fields)} fields, expected {len(COLUMNS)}")
-        for column, text in zip(COLUMNS, fields):
+        if len(fields) != len(columns):
+            raise Error(f"{path} line {number}: {len(fields)} fields, expected {len(columns)}")
+        fields += [""] * (len(COLUMNS + EVAL_COLUMNS) - len(columns))
+        for column, text in zip(COLUMNS + EVAL_COLUMNS, fields):
             try:
                 value = None if text == "" else (int(text) if column == "step" else float(text))
             except ValueError:
@@ -72,8 +80,10 @@ def read_metrics(run_dir):
             table[column].append(value)
         if table["step"][-1] is None or table["step"][-1] < 0:
             raise Error(f"{path} line {number}: no step")
-        if (table["train_loss"][-1] is None) == (table["val_loss"][-1] is None):
-            raise Error(f"{path} line {number}: a row holds either train_loss (a step) or val_loss (a validation)")
+        kinds = [table[c][-1] is not None for c in ("train_loss", "val_loss", "hellaswag_acc_norm")]
+        if sum(kinds) != 1:
+            raise Error(f"{path} line {number}: a row holds one of train_loss (a step), val_loss (a validation) or "
+                        f"hellaswag_acc_norm (an evaluation)")
     if not table["step"]:
         raise Error(f"{path}: no rows after the header")
     return table
@@ -113,8 +123,13 @@ def plot(runs, out, fmt):
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise Error(wrong_python_line(e, "scripts/plot_runs.py")[len("error: "):])
-    fig, (loss_ax, speed_ax) = plt.subplots(2, 1, figsize=(10, 8), sharex=True,
-                                            gridspec_kw={"height_ratios": [2, 1]})
+    evaluated = any(points(table, "hellaswag_acc_norm")[0] for _, table in runs)
+    if evaluated:
+        fig, (loss_ax, eval_ax, speed_ax) = plt.subplots(3, 1, figsize=(10, 10), sharex=True,
+                                                         gridspec_kw={"height_ratios": [2, 1, 1]})
+    else:
+        fig, (loss_ax, speed_ax) = plt.subplots(2, 1, figsize=(10, 8), sharex=True,
+                                                gridspec_kw={"height_ratios": [2, 1]})
     for i, (name, table) in enumerate(runs):
         colour = f"C{i % 10}"
         steps, values = points(table, "train_loss")
@@ -123,6 +138,12 @@ def plot(runs, out, fmt):
         loss_ax.plot(steps, values, color=colour, linestyle="--", marker="o", markersize=3)
         steps, values = points(table, "tokens_per_s")
         speed_ax.plot(steps, values, color=colour, linewidth=1.0)
+        if evaluated:
+            steps, values = points(table, "hellaswag_acc_norm")
+            eval_ax.plot(steps, values, color=colour, marker="o", markersize=3)
+    if evaluated:
+        eval_ax.set_ylabel("HellaSwag acc_norm")
+        eval_ax.grid(alpha=0.3)
     loss_ax.set_ylabel("loss (solid: train, dashed: val)")
     loss_ax.legend()
     loss_ax.grid(alpha=0.3)
@@ -170,7 +191,10 @@ def main(argv=None):
         last = f"step {steps[-1]} train loss {losses[-1]:.4f}" if steps else "no training rows"
         if val and not math.isnan(val[-1]):
             last += f", val loss {val[-1]:.4f}"
-        print(f"{name}: {len(steps)} steps, {len(val)} validations; {last}")
+        _, acc = points(table, "hellaswag_acc_norm")
+        if acc:
+            last += f", HellaSwag acc_norm {acc[-1]:.4f}"
+        print(f"{name}: {len(steps)} steps, {len(val)} validations, {len(acc)} evaluations; {last}")
     print(f"wrote {args.out}")
 
 

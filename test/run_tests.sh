@@ -11,7 +11,8 @@
 # running them side by side (on one GPU too) changes no result. TEST_JOBS=1 runs them one by one.
 # A test that exits non-zero without counting a failure, or prints no count line, counts one failure.
 # Each test gets a temporary folder of its own as TMPDIR; one that leaves anything there counts one
-# failure (naming what it left). Skipped checks say why (`... skipped (REASON)`); the run ends with
+# failure (naming what it left). PyTorch's compiler caches (TorchInductor, Triton), which PyTorch
+# keeps for the user under the temporary folder, go to one folder of the runner's instead. Skipped checks say why (`... skipped (REASON)`); the run ends with
 # the reasons and their counts, then the count line.
 set -u
 cd "$(dirname "$0")/.."
@@ -21,6 +22,7 @@ cores=$(nproc 2>/dev/null || echo 1)
 jobs_max=${TEST_JOBS:-$((cores < 4 ? cores : 4))}
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+export TORCHINDUCTOR_CACHE_DIR=$logs/torch_cache/inductor TRITON_CACHE_DIR=$logs/torch_cache/triton
 
 count_line_re='^([A-Za-z]+: )?([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$'
 

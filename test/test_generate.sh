@@ -123,7 +123,7 @@ verdict=$("$PYTHON" test/hellaswag_compare.py compare "$tmp/hs_cuda.tsv" "$tmp/h
 report "hellaswag, 300 made-up examples: eval_gpt_fp32 = gpt_reference.py eval" \
     "$([[ $rc1 -eq 0 && $rc2 -eq 0 && $verdict == agree:* ]] && echo 1 || echo 0)" \
     "exit codes $rc1, $rc2; $verdict; CUDA: $(head -n 1 "$tmp/hs_cuda.txt"); $(tail -n 1 "$tmp/hs_cuda.err")"
-timeout 300 ./train_gpt_bf16 -e "$model" -i "$tmp/data/docs_train_*.bin" -z "$tmp/tok.bin" -b 8 -t 128 -x 4 -v 2 -m 1 -s 0 \
+timeout 300 ./train_gpt_bf16 -e "$model" -i "$tmp/data/docs_train_*.bin" -z "$tmp/tok.bin" -b 8 -t 256 -x 4 -v 2 -m 1 -s 0 \
     -he "$tmp/hs.bin" -o "$tmp/run_he" >"$tmp/he.log" 2>&1
 rc=$?
 evals=$(grep -c '^s:[0-9]* eval:' "$tmp/run_he/main.log" 2>/dev/null)

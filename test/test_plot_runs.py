@@ -85,6 +85,15 @@ def main():
         other = os.path.join(out_dir, "b_only.png")
         rc, _, err = run([b, "-o", other])
         check("another input draws another image", rc == 0 and open(other, "rb").read() != open(out, "rb").read())
+        # A run with HellaSwag evaluations (train_gpt -he): the header's two more columns, a panel more.
+        lines = [HEADER + ",hellaswag_acc_norm,hellaswag_acc"] + [
+            line + ",," for line in synthetic(20, 10, 1.0, 500000)[1:]] + [f"{s},,,,,,,{0.25 + s / 1000:.6f},0.25" for s in (0, 10, 20)]
+        e = run_dir(tmp, "with_eval", lines)
+        evald = os.path.join(out_dir, "eval.png")
+        rc, stdout, err = run([e, a, "-o", evald])
+        check("a run with HellaSwag rows beside one without: three panels (1000x1000), acc_norm in the summary",
+              rc == 0 and png_size(evald) == (1000, 1000) and "3 evaluations" in stdout and "acc_norm 0.2700" in stdout,
+              (stdout or err).strip().splitlines()[0][:100] if (stdout or err) else "")
         ref = os.path.join(tmp, "ref_run")
         rc1 = subprocess.run([sys.executable, os.path.join(ROOT, "test", "train_inputs.py"), "tokens",
                               os.path.join(tmp, "t.bin"), "2000"]).returncode
@@ -108,11 +117,12 @@ def main():
         rc, _, err = run([a, "-o", out])
         check("an existing image is redrawn in place (no --force for a plot)", rc == 0, err.strip()[:80])
         check("no temporary file left after the other formats", sorted(os.listdir(out_dir)) == sorted(
-            ["runs.png", "b_only.png", "ref.png", "runs.svg", "runs.pdf", "RUNS.PNG"]), str(sorted(os.listdir(out_dir))))
+            ["runs.png", "b_only.png", "eval.png", "ref.png", "runs.svg", "runs.pdf", "RUNS.PNG"]), str(sorted(os.listdir(out_dir))))
     else:
         for what in ("three runs -> a PNG", "1000x800 pixels", "the summary names every run",
                      "no temporary file left beside it", "another input draws another image",
-                     "gpt_reference.py train -o's metrics.csv plots", "-o runs.svg: an SVG file",
+                     "gpt_reference.py train -o's metrics.csv plots", "a run with HellaSwag rows: three panels",
+                     "-o runs.svg: an SVG file",
                      "-o runs.pdf: a PDF file", "-o RUNS.PNG: a PNG", "an existing image is redrawn in place",
                      "no temporary file left after the other formats"):
             skip(what, "matplotlib not installed")
@@ -145,6 +155,7 @@ def main():
         "a field that is not a number": (good[:2] + ["1,abc,,6e-4,1.2,100,500"] + good[2:], "line 3: train_loss 'abc'"),
         "a row with both losses": (good[:2] + ["1,4.0,4.1,6e-4,1.2,100,500"], "line 3"),
         "a row with neither loss": (good[:2] + ["1,,,6e-4,1.2,100,500"], "line 3"),
+        "an evaluation row in a file without its columns": (good[:2] + ["1,,,,,,,0.3,0.3"], "line 3: 9 fields"),
         "a row without a step": (good[:2] + [",4.0,,6e-4,1.2,100,500"], "line 3: no step"),
         "header only": ([HEADER], "no rows"),
         "empty file": ([""], "line 1"),
