@@ -35,7 +35,8 @@ for ((r = 0; r < n; r++)); do
     RANK=$r LOCAL_RANK=$r "$@" &
     pids+=($!)
 done
-forward() { kill -"$1" "${pids[@]}" 2>/dev/null; }
+signalled=0
+forward() { signalled=1; kill -"$1" "${pids[@]}" 2>/dev/null; }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 status=0
@@ -47,6 +48,11 @@ while ((remaining > 0)); do
     [[ -z ${finished:-} ]] && continue  # a signal (passed on above) interrupted the wait
     remaining=$((remaining - 1))
     # A rank that failed ends the others: one still waiting to meet it would wait out the rendezvous.
-    [[ $rc -ne 0 && $status -eq 0 ]] && { status=$rc; forward TERM; }
+    # (Not after a stop this script passed on, nor for a rank stopped by a signal (exit code 75):
+    # the others are finishing their checkpoint, and a second signal would end them at once.)
+    if [[ $rc -ne 0 && $status -eq 0 ]]; then
+        status=$rc
+        [[ $signalled -eq 0 && $rc -ne 75 ]] && forward TERM
+    fi
 done
 exit $status
