@@ -384,6 +384,17 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     return true;
 }
 
+// The model file -e names: a model file as it is, or a run folder's newest complete checkpoint. Ends
+// with one line for a Hugging Face folder or file (how to convert it) or a folder without checkpoints.
+inline std::string model_file_of(const std::string& model) {
+    const std::string hf = hugging_face_hint(model);
+    if (!hf.empty()) fail("-e %s: %s", model.c_str(), hf.c_str());
+    if (!is_folder(model)) return model;
+    for (int step : checkpoint_steps(model))
+        if (file_exists(checkpoint_path(model, "model", step))) return checkpoint_path(model, "model", step);
+    fail("-e %s: the folder holds no complete checkpoint (train with -o %s first)", model.c_str(), model.c_str());
+}
+
 // The newest usable checkpoint of dir for -y 1. Returns true with model and st filled; false when
 // there is none, with *damaged counting checkpoints that exist but cannot be loaded (a warning each:
 // the caller refuses to start over on top of them). Saves that never finished are skipped with a

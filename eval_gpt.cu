@@ -54,18 +54,8 @@ int main(int argc, char** argv) {
     if (o.model.empty() || o.eval_path.empty()) fail("give the model with -e and the eval file with -he (-h for help)");
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T is more than 16M tokens", o.B, o.T);
 
-    std::string path = o.model, error;
-    const std::string hf = hugging_face_hint(o.model);
-    if (!hf.empty()) fail("-e %s: %s", o.model.c_str(), hf.c_str());
-    if (is_folder(path)) {
-        path.clear();
-        for (int step : checkpoint_steps(o.model))
-            if (file_exists(checkpoint_path(o.model, "model", step))) {
-                path = checkpoint_path(o.model, "model", step);
-                break;
-            }
-        if (path.empty()) fail("-e %s: the folder holds no complete checkpoint", o.model.c_str());
-    }
+    std::string error;
+    const std::string path = model_file_of(o.model);
     HostModel host;
     if (!read_model_file(path, host, &error)) fail("-e %s: %s", path.c_str(), error.c_str());
     std::vector<EvalExample> examples;

@@ -88,20 +88,8 @@ int main(int argc, char** argv) {
     }
 
     // The model: a file, or a run folder's newest complete checkpoint.
-    std::string path = o.model, error;
-    const std::string hf = hugging_face_hint(o.model);
-    if (!hf.empty()) fail("-e %s: %s", o.model.c_str(), hf.c_str());
-    if (is_folder(path)) {
-        path.clear();
-        for (int step : checkpoint_steps(o.model)) {
-            const std::string model = checkpoint_path(o.model, "model", step);
-            if (file_exists(model)) {
-                path = model;
-                break;
-            }
-        }
-        if (path.empty()) fail("-e %s: the folder holds no complete checkpoint (train with -o %s first)", o.model.c_str(), o.model.c_str());
-    }
+    std::string error;
+    const std::string path = model_file_of(o.model);
     HostModel host;
     if (!read_model_file(path, host, &error)) fail("-e %s: %s", path.c_str(), error.c_str());
     Tokenizer tok = read_tokenizer(o.tokenizer_path);

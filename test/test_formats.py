@@ -9,7 +9,7 @@
   - the parameter list: checkpoint_tool layout prints model_config.h's GPT_PARAMETER_TENSORS for a few
     configs; data/file_formats.py's PARAMETER_TENSORS (which gpt_reference.py uses) must give the same
     names, order, shapes, decay, stacking and init.
-Needs build/test/checkpoint_tool (no GPU). Ends with `N passed, N failed`.
+Needs build/test/checkpoint_tool (no GPU). Ends with `N passed, N failed, N skipped`.
 """
 import os
 import subprocess
@@ -21,22 +21,17 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 import file_formats as ff  # noqa: E402
 
 TOOL = os.path.join(ROOT, "build", "test", "checkpoint_tool")
-passed = failed = 0
-
-
-def check(what, ok, detail=""):
-    global passed, failed
-    print(f"  {what:<70} {'ok' if ok else 'FAIL'}  {detail}")
-    passed, failed = passed + ok, failed + (not ok)
 
 
 def main():
     if not os.access(TOOL, os.X_OK):
         print(f"error: {TOOL} is not built (make build/test/checkpoint_tool)", file=sys.stderr)
-        return 1
+        sys.exit(1)
     with tempfile.TemporaryDirectory() as tmp:
         lines = subprocess.run([TOOL, "formats", tmp], check=True, capture_output=True, text=True).stdout.splitlines()
         written = {}
@@ -115,9 +110,8 @@ def main():
                 py[-1].append("shape?")
         check(f"parameter list for L,NH,C,maxT,V,Vp = {cfg}", cpp == py,
               "" if cpp == py else f"C++ {cpp[:3]}... Python {py[:3]}...")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

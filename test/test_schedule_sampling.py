@@ -8,7 +8,7 @@
   - the sampler on made-up logits (ties included) at several temperatures, top-k and top-p: the same
     ids, draw after draw from one generator (greedy, top-k alone, top-p alone, both); and what top-p
     keeps of a distribution whose nucleus is known.
-Needs build/test/checkpoint_tool (no GPU). Ends with `N passed, N failed`.
+Needs build/test/checkpoint_tool (no GPU). Ends with `N passed, N failed, N skipped`.
 """
 import os
 import subprocess
@@ -19,17 +19,11 @@ from types import SimpleNamespace
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402  (it also puts the checkout on sys.path)
 import gpt_reference as ref  # noqa: E402
 
 TOOL = os.path.join(ROOT, "build", "test", "checkpoint_tool")
-passed = failed = 0
-
-
-def check(what, ok, detail=""):
-    global passed, failed
-    print(f"  {what:<78} {'ok' if ok else 'FAIL'}  {detail}")
-    passed, failed = passed + ok, failed + (not ok)
 
 
 def tool(*args):
@@ -39,7 +33,7 @@ def tool(*args):
 def main():
     if not os.access(TOOL, os.X_OK):
         print(f"error: {TOOL} is not built (make build/test/checkpoint_tool)", file=sys.stderr)
-        return 1
+        sys.exit(1)
     print("schedules: the learning rate of every step, schedule.h against gpt_reference.py train")
     for kind in ("cosine", "linear", "constant", "wsd"):
         for peak, final, warmup, steps, decay in ((6e-4, 0.1, 10, 100, 0.2), (1e-3, 0.0, 0, 37, 0.25),
@@ -82,9 +76,8 @@ def main():
             ids = [int(x) for x in tool("sample", path, 1.0, 0, top_p, 5, 2000)]
             check(f"top-p {top_p:g} of (0.5, 0.3, 0.15, 0.05): draws {sorted(allowed)} only, each of them",
                   set(ids) == allowed, f"drew {sorted(set(ids))}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
