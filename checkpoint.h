@@ -107,13 +107,11 @@ template <typename Header> uint32_t header_and_payload_crc(const Header& header,
     return crc32(payload, bytes, crc32(&h, sizeof(h)));
 }
 
-// Reads and validates a model file: ours or llm.c's. On any problem returns false with *error set
-// (resume skips a bad checkpoint; a model given by -e is fatal). The header's config is checked
-// against the file's size before anything is allocated.
-inline bool read_model_file(const std::string& path, HostModel& m, std::string* error) {
-    InputFile f;
+// A model file's header (ours or llm.c's), checked: magic, version, config, and the file's size
+// against that config. Leaves `f` open for the parameters; *bf16 tells llm.c's bf16 files.
+inline bool read_model_header(const std::string& path, InputFile& f, ModelFileHeader& ours, GPTConfig& c, bool* llmc,
+                              bool* bf16, std::string* error) {
     if (!f.open_file(path, error)) return false;
-    ModelFileHeader ours;
     if (f.size < sizeof(ours)) {
         *error = "checkpoint '" + path + "' is truncated (" + std::to_string(f.size) + " bytes, no complete header)";
         return false;
@@ -121,33 +119,54 @@ inline bool read_model_file(const std::string& path, HostModel& m, std::string* 
     if (!f.read_at(0, &ours, sizeof(ours), error)) return false;
     LlmcModelHeader llmc_header;
     memcpy(static_cast<void*>(&llmc_header), &ours, sizeof(llmc_header));
-    const bool llmc = ours.magic == kLlmcModelMagic;
-    if (!llmc && ours.magic != kModelFileMagic) {
+    *llmc = ours.magic == kLlmcModelMagic;
+    if (!*llmc && ours.magic != kModelFileMagic) {
         *error = "'" + path + "' is not a model checkpoint (bad magic " + std::to_string(ours.magic) + ", expected " +
                  std::to_string(kModelFileMagic) + ", or llm.c's " + std::to_string(kLlmcModelMagic) + ")";
         return false;
     }
-    if (llmc ? (ours.version != kLlmcModelFp32 && ours.version != kLlmcModelBf16) : ours.version != kModelFileVersion) {
-        *error = (llmc ? "llm.c model file '" : "checkpoint '") + path + "' has version " + std::to_string(ours.version) +
-                 ", expected " + (llmc ? "3 (fp32) or 5 (bf16)" : std::to_string(kModelFileVersion));
+    if (*llmc ? (ours.version != kLlmcModelFp32 && ours.version != kLlmcModelBf16) : ours.version != kModelFileVersion) {
+        *error = (*llmc ? "llm.c model file '" : "checkpoint '") + path + "' has version " + std::to_string(ours.version) +
+                 ", expected " + (*llmc ? "3 (fp32) or 5 (bf16)" : std::to_string(kModelFileVersion));
         return false;
     }
-    const GPTConfig c = llmc ? config_of(llmc_header) : config_of(ours);
+    c = *llmc ? config_of(llmc_header) : config_of(ours);
     const std::string bad = config_error(c);
     if (!bad.empty()) {
         *error = "checkpoint '" + path + "': " + bad;
         return false;
     }
-    const size_t n = num_parameters(c), width = llmc && ours.version == kLlmcModelBf16 ? 2 : 4;
-    const uint64_t expected = sizeof(ours) + uint64_t(n) * width;
+    *bf16 = *llmc && ours.version == kLlmcModelBf16;
+    const uint64_t expected = sizeof(ours) + uint64_t(num_parameters(c)) * (*bf16 ? 2 : 4);
     if (f.size != expected) {
         *error = "checkpoint '" + path + "' has " + std::to_string(f.size) + " bytes, expected " + std::to_string(expected) +
                  " for its config (truncated or corrupt)";
         return false;
     }
+    return true;
+}
+
+// The config of a model file, from its checked header (the parameters are not read).
+inline bool read_model_config(const std::string& path, GPTConfig& c, std::string* error) {
+    InputFile f;
+    ModelFileHeader ours;
+    bool llmc = false, bf16 = false;
+    return read_model_header(path, f, ours, c, &llmc, &bf16, error);
+}
+
+// Reads and validates a model file: ours or llm.c's. On any problem returns false with *error set
+// (resume skips a bad checkpoint; a model given by -e is fatal). The header's config is checked
+// against the file's size before anything is allocated.
+inline bool read_model_file(const std::string& path, HostModel& m, std::string* error) {
+    InputFile f;
+    ModelFileHeader ours;
+    GPTConfig c;
+    bool llmc = false, bf16 = false;
+    if (!read_model_header(path, f, ours, c, &llmc, &bf16, error)) return false;
+    const size_t n = num_parameters(c);
     m.config = c;
     m.params.resize(n);
-    if (width == 4) {
+    if (!bf16) {
         if (!f.read_at(sizeof(ours), m.params.data(), n * sizeof(float), error)) return false;
     } else {  // bf16 -> fp32 is exact: the bf16 bits are the top half of the float's
         std::vector<uint16_t> half(n);

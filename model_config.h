@@ -56,10 +56,10 @@ inline bool config_from_descriptor(const std::string& d, GPTConfig& c) {
     return false;
 }
 
-// The config in words, for messages: "L=12 NH=12 C=768 maxT=1024 V=50257".
+// The config in words, for messages: "L=12 NH=12 C=768 maxT=1024 V=50257 Vp=50304".
 inline std::string config_text(const GPTConfig& c) {
-    char buf[128];
-    snprintf(buf, sizeof(buf), "L=%d NH=%d C=%d maxT=%d V=%d", c.L, c.NH, c.C, c.maxT, c.V);
+    char buf[160];
+    snprintf(buf, sizeof(buf), "L=%d NH=%d C=%d maxT=%d V=%d Vp=%d", c.L, c.NH, c.C, c.maxT, c.V, c.Vp);
     return buf;
 }
 

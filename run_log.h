@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdarg>
@@ -66,12 +67,29 @@ inline void upgrade_metrics(const std::string& path) {
         fail("cannot add the evaluation columns to '%s': %s", path.c_str(), error.c_str());
 }
 
+// A log whose last row a kill cut short (no newline at its end) loses that row, so the next row
+// starts a line of its own. Nothing else is changed.
+inline void drop_partial_row(const std::string& path) {
+    std::vector<uint8_t> bytes;
+    std::string error;
+    if (!file_exists(path) || !read_whole_file(path, bytes, &error, uint64_t(1) << 32) || bytes.empty() || bytes.back() == '\n')
+        return;
+    size_t keep = bytes.size();
+    while (keep > 0 && bytes[keep - 1] != '\n') keep--;
+    if (truncate(path.c_str(), (off_t)keep) != 0)
+        fail("cannot drop the cut-short last row of '%s': %s", path.c_str(), strerror(errno));
+}
+
 // Both logs of a run folder; closed, they take nothing (a run without -o, or a rank other than 0).
 struct RunLogs {
     LogFile main, metrics;
 
     void open(const std::string& dir) {
         const std::string csv_path = dir + "/metrics.csv";
+        for (const std::string& tmp : expand_glob(csv_path + ".tmp.*"))  // an upgrade a kill cut short
+            if (tmp.size() > csv_path.size() + 5) unlink(tmp.c_str());
+        drop_partial_row(csv_path);
+        drop_partial_row(dir + "/main.log");
         struct stat csv_stat;
         const bool csv_new = stat(csv_path.c_str(), &csv_stat) != 0 || csv_stat.st_size == 0;  // empty: killed before its header
         if (!csv_new) upgrade_metrics(csv_path);

@@ -931,13 +931,17 @@ inline std::string eval_fit_error(const std::vector<EvalExample>& examples, int 
 }
 
 // Scores examples rank, rank + world, ... (the caller sums the ranks' scores). `sums` (optional)
-// receives each completion's summed loss, examples in order, for comparisons.
+// receives each completion's summed loss, examples in order, for comparisons; `dist` (optional) hears
+// of progress after each batch (its watchdog). The rows' many lengths are not worth tuning passes:
+// the plans made here keep the heuristic's choice (the same bits).
 inline EvalScore gpt_evaluate(GPT& m, const std::vector<EvalExample>& examples, int rank, int world,
-                              std::vector<std::vector<double>>* sums = nullptr) {
+                              std::vector<std::vector<double>>* sums = nullptr, Dist* dist = nullptr) {
     const int window = std::min(m.act.T, m.config.maxT);
     const size_t capacity = size_t(m.act.B) * m.act.T;
-    const bool exp_head = m.exp_head.on;
+    constexpr int kMaxRows = 65535;  // a kernel's grid.z (flash attention's batch dimension)
+    const bool exp_head = m.exp_head.on, tune = blas().tune;
     m.exp_head.on = false;
+    blas().tune = false;
     EvalScore score;
     std::vector<int> inputs, targets, batch;
     std::vector<float> losses;
@@ -946,7 +950,7 @@ inline EvalScore gpt_evaluate(GPT& m, const std::vector<EvalExample>& examples, 
         int T = 0, rows = 0;
         for (size_t i = first; i < examples.size(); i += world) {
             const int K = (int)examples[i].completions.size(), t = std::max(T, eval_row_length(examples[i], window));
-            if (!batch.empty() && size_t(rows + K) * t > capacity) break;
+            if (!batch.empty() && (size_t(rows + K) * t > capacity || rows + K > kMaxRows)) break;
             batch.push_back(int(i)), rows += K, T = t;
         }
         first = size_t(batch.back()) + world;
@@ -965,8 +969,10 @@ inline EvalScore gpt_evaluate(GPT& m, const std::vector<EvalExample>& examples, 
             for (size_t k = 0; k < rows_of.size(); k++) rows_of[k] = losses.data() + size_t(row++) * T;
             eval_score(examples[i], rows_of, score, sums ? &(*sums)[i] : nullptr);
         }
+        if (dist) dist_progress(*dist);
     }
     m.exp_head.on = exp_head;
+    blas().tune = tune;
     return score;
 }
 
@@ -1341,14 +1347,13 @@ static void plan_batch(Run& r) {
 }
 
 // The model an -e names, without reading its parameters: a descriptor's config, or a model file's
-// (read whole: a header alone proves little about a damaged file).
+// header (checked against the file's size).
 static GPTConfig config_named_by(const std::string& model) {
     GPTConfig c;
     if (config_from_descriptor(model, c)) return c;
-    HostModel file;
     std::string error;
-    if (!read_model_file(model, file, &error)) fail("-e %s: %s", model.c_str(), error.c_str());
-    return file.config;
+    if (!read_model_config(model, c, &error)) fail("-e %s: %s", model.c_str(), error.c_str());
+    return c;
 }
 
 // -y 1: the newest usable checkpoint of -o, which must belong to this run's model and setup.
@@ -1656,7 +1661,7 @@ static void validate(Run& r, int step) {
 // -he: the eval file's score, examples spread over the ranks.
 static void evaluate(Run& r, int step) {
     if (r.eval_examples.empty()) return;
-    EvalScore s = gpt_evaluate(r.m, r.eval_examples, r.dist.rank, r.dist.world);
+    EvalScore s = gpt_evaluate(r.m, r.eval_examples, r.dist.rank, r.dist.world, nullptr, &r.dist);
     // (counts summed as doubles: exact below 2^53)
     s.examples = (int64_t)dp_sum(r.dist, double(s.examples)), s.correct = (int64_t)dp_sum(r.dist, double(s.correct));
     s.correct_norm = (int64_t)dp_sum(r.dist, double(s.correct_norm));

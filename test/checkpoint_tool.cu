@@ -13,6 +13,7 @@
 //                                          the file LOGITS (raw floats), one generator: the ids, one a line
 //   checkpoint_tool evalfile FILE V        an eval file as evaluation.h reads it: each example's index, label,
 //                                          context and completions, a line each (or its one error line)
+//   checkpoint_tool logs DIR               open and close DIR's main.log and metrics.csv as a run starting there does
 //   checkpoint_tool formats DIR            each file format's header with every field set to a value of its own,
 //                                          written to DIR/NAME.bin, and "NAME FIELD VALUE" a field a line
 //                                          (test/test_formats.py compares both with data/file_formats.py)
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
     if (cmd == "-h" || cmd == "--help" || argc < 3) {
         printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp |\n"
                "       schedule KIND PEAK FINAL WARMUP STEPS DECAY | sample LOGITS TEMP TOP_K TOP_P SEED N | evalfile FILE V |\n"
-               "       formats DIR\n");
+               "       logs DIR | formats DIR\n");
         return argc < 3 && cmd != "-h" && cmd != "--help";
     }
     if (cmd == "schedule" && argc == 8) {
@@ -149,6 +150,12 @@ int main(int argc, char** argv) {
         return 0;
     }
     const std::string dir = argv[2];
+    if (cmd == "logs" && argc == 3) {  // what a run (rank 0) does to its folder's logs at start
+        RunLogs logs;
+        logs.open(dir);
+        logs.close();
+        return 0;
+    }
     if (cmd == "formats" && argc == 3) {
         write_formats(dir);
         return 0;

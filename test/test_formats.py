@@ -6,6 +6,7 @@
     C++ file into the same values, and know the same fields (no more, no fewer);
   - the eval file (HellaSwag): data/eval_file.py writes examples that evaluation.h reads back the same
     (checkpoint_tool evalfile), and a truncated copy is refused by both;
+  - a run folder's logs (checkpoint_tool logs): an older metrics.csv upgraded, cut-short rows dropped;
   - the parameter list: checkpoint_tool layout prints model_config.h's GPT_PARAMETER_TENSORS for a few
     configs; data/file_formats.py's PARAMETER_TENSORS (which gpt_reference.py uses) must give the same
     names, order, shapes, decay, stacking and init.
@@ -95,6 +96,28 @@ def main():
         check("eval file: a truncated copy is refused by both, one error line from C++",
               out.returncode == 1 and out.stderr.count("\n") == 1 and out.stderr.startswith("error:") and py_refused,
               out.stderr.strip()[:100])
+    # A run folder's logs as a run starting there finds them: metrics.csv of an older version (7
+    # columns) is given the evaluation columns; a row a kill cut short is dropped; so is a temp file
+    # of an upgrade cut short; a header cut before its newline starts the file over.
+    old = "step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s"
+    new = old + ",hellaswag_acc_norm,hellaswag_acc"
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "metrics.csv"), "w") as f:
+            f.write(old + "\n1,5.0,,6e-04,1.0,100.000,1000.0\n1,,4.9,,,,\n2,4.8,,6e-04,0.9,10")
+        with open(os.path.join(tmp, "main.log"), "w") as f:
+            f.write("s:1 trl:5.000000\ns:2 trl:4.8")
+        open(os.path.join(tmp, "metrics.csv.tmp.Ab12Cd"), "w").write("half")
+        rc = subprocess.run([TOOL, "logs", tmp]).returncode
+        lines = open(os.path.join(tmp, "metrics.csv")).read().split("\n")
+        check("run logs: an older metrics.csv gets the two columns, its rows two empty fields",
+              rc == 0 and lines == [new, "1,5.0,,6e-04,1.0,100.000,1000.0,,", "1,,4.9,,,,,,", ""], repr(lines)[:120])
+        check("run logs: main.log's cut-short row is dropped", open(os.path.join(tmp, "main.log")).read() == "s:1 trl:5.000000\n")
+        check("run logs: an upgrade's leftover temp file is removed", sorted(os.listdir(tmp)) == ["main.log", "metrics.csv"],
+              str(sorted(os.listdir(tmp))))
+        with open(os.path.join(tmp, "metrics.csv"), "w") as f:
+            f.write(old[:20])
+        subprocess.run([TOOL, "logs", tmp])
+        check("run logs: a header cut short starts the file over", open(os.path.join(tmp, "metrics.csv")).read() == new + "\n")
     for cfg in [(2, 3, 39, 50, 1237, 1280), (12, 12, 768, 1024, 50257, 50304), (1, 1, 1, 1, 1, 1)]:
         out = subprocess.run([TOOL, "layout", ",".join(map(str, cfg))], check=True, capture_output=True,
                              text=True).stdout.split("\n")

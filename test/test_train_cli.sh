@@ -397,7 +397,7 @@ for prec in fp32 bf16; do
     # no -e, or an -e of the same model, resumes.
     ybase=(-i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok.bin" -t 16 -x 100 -u 1)
     expect_error_after_warnings "-y 1 -e d24 (the folder holds L=2 C=39): error naming both models" 3 \
-        "holds the model L=2 NH=3 C=39 maxT=50 V=1237; -e d24 is L=24 NH=16 C=1024" "${ybase[@]}" -b 2 -o "$d" -y 1 -e d24
+        "holds the model L=2 NH=3 C=39 maxT=50 V=1237 Vp=1280; -e d24 is L=24 NH=16 C=1024" "${ybase[@]}" -b 2 -o "$d" -y 1 -e d24
     expect_error_after_warnings "-y 1 -e d24 -b 1: the model is refused first" 3 "-e d24 is L=24" "${ybase[@]}" -b 1 -o "$d" -y 1 -e d24
     gen tokens "$tmp/wide.bin" 3000 --seed 2
     "$PYTHON" gpt_reference.py init --model L=2,NH=3,C=42,V=1237,maxT=50 --seed 1 --out "$tmp/other_$prec.ckpt" >/dev/null
