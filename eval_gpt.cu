@@ -31,11 +31,10 @@ int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
     std::set_new_handler(fail_out_of_host_memory);
     EvalOptions o;
-    for (int i = 1; i < argc; i += 2)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(o);
-            return 0;
-        }
+    if (help_asked(argc, argv)) {
+        usage(o);
+        return 0;
+    }
     std::vector<std::string> seen;
     for (int i = 1; i < argc; i += 2) {
         const std::string f = argv[i];

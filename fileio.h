@@ -377,6 +377,13 @@ inline TokenFile read_token_file(const std::string& path, int vocab_size) {
 
 // argv[i] starts a flag-value pair: a flag (not a stray word), with a value, given once (a flag given
 // twice is an error, not "the last one wins"). `seen` collects the flags so far; `example` shows one.
+// -h or --help among the flags (flag positions only: "-h" as a flag's value, a prompt say, is that value).
+inline bool help_asked(int argc, char** argv) {
+    for (int i = 1; i < argc; i += 2)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
+    return false;
+}
+
 inline void check_flag_pair(int argc, char** argv, int i, std::vector<std::string>& seen, const char* example) {
     const std::string f = argv[i];
     if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like %s; -h lists them)", argv[i], example);

@@ -44,11 +44,10 @@ int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IONBF, 0);  // tokens appear as they are drawn
     std::set_new_handler(fail_out_of_host_memory);
     GenerateOptions o;
-    for (int i = 1; i < argc; i += 2)  // flag positions only: "-h" as a flag's value (a prompt) is that value
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(o);
-            return 0;
-        }
+    if (help_asked(argc, argv)) {
+        usage(o);
+        return 0;
+    }
     std::vector<std::string> seen;
     for (int i = 1; i < argc; i += 2) {
         const std::string f = argv[i];

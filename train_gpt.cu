@@ -1176,11 +1176,10 @@ static void usage(const Options& d) {
 
 static Options parse_options(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; i += 2)  // flag positions only: "-h" as a flag's value (a prompt) is that value
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(o);
-            exit(0);
-        }
+    if (help_asked(argc, argv)) {
+        usage(o);
+        exit(0);
+    }
     std::vector<std::string> seen;
     for (int i = 1; i < argc; i += 2) {
         const std::string f = argv[i];

@@ -50,6 +50,14 @@ class PrepError(Exception):
     """A bad input: the scripts print it as one `error: ...` line and exit 1."""
 
 
+def error_text(e):
+    """An OSError as the path it concerns and the system's words, without errno numbers."""
+    if isinstance(e, OSError) and e.strerror:
+        path = e.filename2 if e.filename2 is not None else e.filename
+        return f"'{path}': {e.strerror}" if path is not None else e.strerror
+    return str(e)
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit code 1 (argparse's own is usage + exit 2)
         raise PrepError(f"{message} (-h for usage)")

@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 try:  # both need numpy
     from eval_file import EvalFileError, eval_file_chunks, example_words
-    from gpt2_bpe import Parser, PrepError, atomic_write, exit_on_signals, local_encoding, regular_file
+    from gpt2_bpe import Parser, PrepError, atomic_write, error_text, exit_on_signals, local_encoding, regular_file
 except ImportError as e:  # a Python without it: one line naming the one make found, no traceback
     sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
     from python_check import exit_wrong_python
@@ -201,14 +201,6 @@ def main(argv=None):
           f"({plural(sum(len(c) for c in chunks), 'byte')}, {time.time() - started:.1f} s)")
     print(f"score a model on it: $(cat build/python) gpt_reference.py eval -e CHECKPOINT --hellaswag "
           f"{shlex.quote(shown)}")
-
-
-def error_text(e):
-    """An OSError as the path it concerns and the system's words, without errno numbers."""
-    if isinstance(e, OSError) and e.strerror:
-        path = e.filename2 if e.filename2 is not None else e.filename
-        return f"'{path}': {e.strerror}" if path is not None else e.strerror
-    return str(e)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ except ImportError as e:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gpt2_bpe import (EOT, Parser, PrepError, atomic_write, exit_on_signals, fsync_folder,  # noqa: E402
+from gpt2_bpe import (EOT, Parser, PrepError, atomic_write, error_text, exit_on_signals, fsync_folder,  # noqa: E402
                       local_encoding, regular_file, token_file_header, tokenizer_file_ok, write_tokenizer)
 
 READ_BYTES = 1 << 20        # bytes read from a text file at a time
@@ -969,14 +969,6 @@ def main(argv=None):
     shown_dir = os.path.relpath(out_dir) if not os.path.relpath(out_dir).startswith("..") else out_dir
     train_glob = os.path.join(glob.escape(shown_dir), f"{name}_train_*.bin")
     print(f"train on them: ./train_gpt_bf16 -i {shlex.quote(train_glob)}{' -v 0' if not val else ''} ...")
-
-
-def error_text(e):
-    """An OSError as the path it concerns and the system's words, without errno numbers."""
-    if isinstance(e, OSError) and e.strerror:
-        path = e.filename2 if e.filename2 is not None else e.filename
-        return f"'{path}': {e.strerror}" if path is not None else e.strerror
-    return str(e)
 
 
 if __name__ == "__main__":
