@@ -1294,8 +1294,9 @@ def cmd_generate(args):
 
 
 # ------------------------------------------------------------------------------------------------
-# Training as train_gpt.cu's main() does it: its DataLoader, learning_rate(), micro-batch loop,
-# gradient-norm clipping and AdamW (adamw.cuh), skipped non-finite steps and validation.
+# Training as train_gpt.cu's run does it: its DataLoader (dataloader.h), the learning-rate schedule
+# (schedule.h), micro-batch loop, gradient-norm clipping and AdamW (adamw.cuh), skipped non-finite
+# steps and validation.
 
 class TokenStream:
     """Token files concatenated in path order, read where a window needs them (memory-mapped)."""

@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
                     std::copy(whole.begin() + shard_begin(n, N, r), whole.begin() + shard_end(n, N, r), shards[r].begin());
                 std::vector<float> saved(n, NAN), gathered;
                 const size_t chunk = std::max<size_t>(1, S / 3);
-                for (size_t at = 0; at < S; at += chunk) {  // as gpt_gather_shards does, chunk by chunk
+                for (size_t at = 0; at < S; at += chunk) {  // as zero.cuh's dp_gather_shards does, chunk by chunk
                     const size_t k = std::min(chunk, S - at);
                     gathered.assign(k * N, 0.0f);
                     for (int r = 0; r < N; r++) std::copy(shards[r].begin() + at, shards[r].begin() + at + k, gathered.begin() + r * k);
