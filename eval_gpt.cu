@@ -35,11 +35,7 @@ int main(int argc, char** argv) {
         usage(o);
         return 0;
     }
-    std::vector<std::string> seen;
-    for (int i = 1; i < argc; i += 2) {
-        const std::string f = argv[i];
-        check_flag_pair(argc, argv, i, seen, "-b 32");
-        const char *v = argv[i + 1], *fl = argv[i];
+    for_each_flag(argc, argv, "-b 32", [&](const std::string& f, const char* fl, const char* v) {
         if ((f == "-e" || f == "-he" || f == "-scores") && !*v) fail("flag %s: expected a path, got an empty string", fl);
         if (f == "-e") o.model = v;
         else if (f == "-he") o.eval_path = v;
@@ -48,8 +44,8 @@ int main(int argc, char** argv) {
         else if (f == "-t") o.T = (int)parse_int_flag(fl, v, 1, 65536);
         else if (f == "-n") o.limit = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-fa") o.flash = (int)parse_int_flag(fl, v, 0, 1);
-        else fail("unknown flag %s (-h lists the flags)", argv[i]);
-    }
+        else fail("unknown flag %s (-h lists the flags)", fl);
+    });
     if (o.model.empty() || o.eval_path.empty()) fail("give the model with -e and the eval file with -he (-h for help)");
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T is more than 16M tokens", o.B, o.T);
 

@@ -4,7 +4,7 @@
 //   - write_file_atomic: temp file, fsync, rename, folder fsync
 //   - TokenStream: llm.c's token files (256 x int32 header: magic 20240520, version 1, count; then
 //     count uint16 tokens), one or many shards named by a glob, streamed window by window
-//   - check_flag_pair / parse_int_flag / parse_float_flag: strict command lines
+//   - help_asked / for_each_flag / parse_int_flag / parse_float_flag: strict command lines
 //   - crc32: the standard CRC-32 (zlib's), for checkpoint checksums
 // Files are little-endian, as every machine this runs on is. Readers and writers return errors (a
 // failed checkpoint write need not end a long run) or end in fail(): one line naming the file and
@@ -384,12 +384,19 @@ inline bool help_asked(int argc, char** argv) {
     return false;
 }
 
-inline void check_flag_pair(int argc, char** argv, int i, std::vector<std::string>& seen, const char* example) {
-    const std::string f = argv[i];
-    if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like %s; -h lists them)", argv[i], example);
-    if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
-    if (std::find(seen.begin(), seen.end(), f) != seen.end()) fail("flag %s is given twice", argv[i]);
-    seen.push_back(f);
+// Calls take(flag, flag_name, value) for each "-flag value" pair of the command line, in order, after
+// checking its form: a flag starts with '-', has a value, and is given once ("the last one wins"
+// would hide a typo). `example` shows the form in the message.
+template <typename Take> void for_each_flag(int argc, char** argv, const char* example, Take take) {
+    std::vector<std::string> seen;
+    for (int i = 1; i < argc; i += 2) {
+        const std::string f = argv[i];
+        if (f.size() < 2 || f[0] != '-') fail("unexpected argument '%s' (flags look like %s; -h lists them)", argv[i], example);
+        if (i + 1 >= argc) fail("flag %s needs a value (-h lists the flags)", argv[i]);
+        if (std::find(seen.begin(), seen.end(), f) != seen.end()) fail("flag %s is given twice", argv[i]);
+        seen.push_back(f);
+        take(f, argv[i], argv[i + 1]);
+    }
 }
 
 inline long parse_int_flag(const char* flag, const char* value, long min, long max) {

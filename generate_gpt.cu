@@ -14,6 +14,7 @@
 struct GenerateOptions {
     std::string model, tokenizer_path = "data/gpt2_tokenizer.bin", prompt, prompt_file;
     int tokens = 256, flash = 1, print_ids = 0, stop_at_eot = 0;
+    bool prompt_given = false;
     float temperature = 1.0f, top_p = 1.0f;
     int top_k = 0;
     long seed = 1337;
@@ -48,16 +49,12 @@ int main(int argc, char** argv) {
         usage(o);
         return 0;
     }
-    std::vector<std::string> seen;
-    for (int i = 1; i < argc; i += 2) {
-        const std::string f = argv[i];
-        check_flag_pair(argc, argv, i, seen, "-g 100");
-        const char *v = argv[i + 1], *fl = argv[i];
+    for_each_flag(argc, argv, "-g 100", [&](const std::string& f, const char* fl, const char* v) {
         if ((f == "-e" || f == "-z" || f == "-pi") && !*v) fail("flag %s: expected a path, got an empty string", fl);
         if (f == "-e") o.model = v;
         else if (f == "-z") o.tokenizer_path = v;
         else if (f == "-p") {
-            o.prompt = v;
+            o.prompt = v, o.prompt_given = true;
             check_prompt_utf8(o.prompt);
         }
         else if (f == "-g") o.tokens = (int)parse_int_flag(fl, v, 1, 1 << 20);
@@ -72,13 +69,11 @@ int main(int argc, char** argv) {
         else if (f == "-sd") o.seed = parse_int_flag(fl, v, 0, 1l << 62);
         else if (f == "-fa") o.flash = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-ids") o.print_ids = (int)parse_int_flag(fl, v, 0, 1);
-        else fail("unknown flag %s (-h lists the flags)", argv[i]);
-    }
+        else fail("unknown flag %s (-h lists the flags)", fl);
+    });
     if (o.model.empty()) fail("give the model with -e (a checkpoint file or a run folder; -h for help)");
     if (!o.prompt_file.empty()) {
-        bool given_p = false;
-        for (int i = 1; i < argc; i += 2) given_p |= !strcmp(argv[i], "-p");
-        if (given_p) fail("give the prompt with -p or -pi, not both");
+        if (o.prompt_given) fail("give the prompt with -p or -pi, not both");
         std::vector<uint8_t> bytes;
         std::string read_error;
         if (!read_whole_file(o.prompt_file, bytes, &read_error, uint64_t(16) << 20)) fail("-pi: %s", read_error.c_str());

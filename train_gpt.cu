@@ -1180,12 +1180,7 @@ static Options parse_options(int argc, char** argv) {
         usage(o);
         exit(0);
     }
-    std::vector<std::string> seen;
-    for (int i = 1; i < argc; i += 2) {
-        const std::string f = argv[i];
-        check_flag_pair(argc, argv, i, seen, "-b 4");
-        const char* v = argv[i + 1];
-        const char* fl = argv[i];
+    for_each_flag(argc, argv, "-b 4", [&](const std::string& f, const char* fl, const char* v) {
         auto path = [&](std::string& out) {
             if (!*v) fail("flag %s: expected a path, got an empty string", fl);
             out = v;
@@ -1237,8 +1232,8 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-lx") o.exp_head = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-rz") path(o.rendezvous);
         else if (f == "-wt") o.stall_seconds = (int)parse_int_flag(fl, v, 0, 1 << 24);
-        else fail("unknown flag %s (-h lists the flags)", argv[i]);
-    }
+        else fail("unknown flag %s (-h lists the flags)", fl);
+    });
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
     if (o.resume && o.out_dir.empty()) fail("-y 1 resumes from the output folder: give it with -o");
     if (o.checkpoint_every > 0 && o.out_dir.empty()) fail("-n %d writes checkpoints into the output folder: give it with -o", o.checkpoint_every);
