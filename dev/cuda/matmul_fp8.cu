@@ -1,0 +1,1141 @@
+// matmul_fp8.cu: a linear layer's three GEMMs in FP8 through cuBLASLt, checked against a float64
+// reference with stated bounds, and timed beside the bf16 GEMMs of matmul.cuh at GPT-2's shapes.
+//
+//   make dev/cuda/matmul_fp8
+//   ./dev/cuda/matmul_fp8            validate, then benchmark d12's and d48's layers at 65536 and 8192 rows
+//   ./dev/cuda/matmul_fp8 --check    validation only (what CI runs; skips without a GPU, or one without FP8)
+//   ./dev/cuda/matmul_fp8 -h         the usage (--rows, --model, --force)
+//
+// The layer is matmul.cuh's: out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias, and its backward
+// dinp (N, C) = dout (N, OC) @ weight, dweight (OC, C) += dout^T @ inp. In FP8 each bf16 operand is
+// first quantized with one scale for the whole tensor, from its amax now (current scaling): inp and
+// weight to e4m3 (3 mantissa bits, up to 448), dout to e5m2 (2 mantissa bits, up to 57344: gradients
+// span more binades). cuBLASLt multiplies the FP8 operands and scales the fp32 sum back.
+//
+// Versions (one table; every one at every shape):
+//   1  bf16, the header as training calls it: matmul_forward (bias in the epilogue), matmul_backward's
+//      dinp and dweight (+= in bf16); tuned cuBLASLt. The baseline (validated by dev/cuda/matmul).
+//   2  FP8 through cuBLASLt: a cast pair per tensor (amax, then scale + cast + transpose); the forward
+//      inp x weight e4m3 x e4m3 with fast accumulation, dinp (dout x weight) and dweight (dout^T x inp)
+//      e5m2 x e4m3 without; out and dinp in bf16 (the bias in the forward's epilogue), dweight += in
+//      fp32 (beta = 1: where gradients accumulate).
+//   3  2 with fast accumulation in the backward GEMMs too: what it would save, and what it costs.
+//
+// Scales: s = 2^p, the largest power of two with amax s <= the format's largest value, so amax s lies
+// in (max / 2, max]: the tensor fills the format's top binade and nothing saturates. A power of two
+// makes x s and q / s exact: the FP8 value is x s rounded once (the host reproduces every byte), the
+// dequantized operands are exact in float64, and cuBLASLt's scaling of its fp32 sum by 1/s_a 1/s_b is
+// exact too. Transformer Engine's default, s = max / amax, would gain at most one binade at the bottom
+// (subnormals) and lose those exactnesses. amax is a max, so its reduction is order-independent
+// (atomicMax on the float's bits): the same bits every run, a NaN anywhere wins and reaches the output.
+//
+// Layouts: cuBLAS is column-major, a row-major (R, K) tensor a column-major (K, R) matrix. On Hopper
+// cuBLASLt's FP8 kernels take only the TN layout (cublasLtMatmul's FP8 requirements: "A must be
+// transposed and B non-transposed"), D (m, n) = A^T B, A stored (k, m) and B (k, n): both operands with
+// the GEMM's K as their contiguous dimension. So:
+//   forward  out (N, OC):      m OC, n N,  k C:   A weight (OC, C) as stored, B inp (N, C) as stored
+//   dinp     dinp (N, C):      m C,  n N,  k OC:  A weight^T (C, OC), a transposed copy; B dout (N, OC)
+//   dweight  dweight (OC, C):  m C,  n OC, k N:   A inp^T (C, N), B dout^T (OC, N): transposed copies
+// Each of inp, weight and dout is needed both ways: one cast kernel writes both FP8 copies from one read
+// of the bf16 tensor (through shared memory). Each of N, C and OC is the K of one GEMM, the row length of
+// two FP8 operands, and cuBLASLt wants those rows in whole 16-byte vectors and every dimension a
+// multiple of 16: shapes that are not are refused with words, before anything runs.
+//
+// Fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): Hopper's FP8 tensor cores do not sum in full
+// fp32. Without the flag cuBLASLt promotes their partial sums into fp32 registers every few steps;
+// with it, all of K stays in the tensor cores' sum. Bound 1 below turns that into an error of at most
+// ceil(K / 32) 2^-13 of the result with the flag, 2^-10 without, whatever K. The forward's K is C or 4C
+// (768..6400 in GPT-2): at most 0.3-2.4%, beside the ~4% its e4m3 inputs already cost, on outputs that
+// go to bf16; fast is the usual choice there (Transformer Engine's and torchao's recipes). The backward
+// keeps fp32 promotion: dinp sums K = OC (up to 4C) and dweight K = B T rows (65536 at B 64, T 1024),
+// where ceil(K / 32) 2^-13 is 25%, past e5m2's own error, into gradients that accumulate across steps.
+// Version 3 measures what that choice costs in time and what fast accumulation does to its errors.
+//
+// Bounds (each derived here, printed beside the error it bounds). u_out: the output's rounding, 2^-8
+// relative in bf16 (8 significant bits), 2^-24 in fp32, each with 2^-22 more for the epilogue's fp32
+// scaling and bias. A value in an FP8 format's normal range is rounded with relative error at most
+// u = 2^-4 in e4m3 (3 mantissa bits), 2^-3 in e5m2 (2); below its smallest normal (2^-6, 2^-14 scaled)
+// at most delta = half the subnormal step, 2^-10 / s and 2^-17 / s in x's units. S = sum_k |a_k b_k|.
+//   1. The GEMM alone, against the float64 product of the dequantized operands it was given (products of
+//      FP8 values are exact in fp32 and the scales are powers of two: only the sums and the output's
+//      rounding can err). Elementwise |got - ref| <= u_out |ref| + g S; in norm ||got - ref|| / ||ref||
+//      <= u_out / sqrt(3) + g' ||product|| / ||ref|| (ref includes the bias, or dweight's start).
+//      NVIDIA documents only that fast accumulation does not "periodically promote intermediate results
+//      to a higher precision"; DeepSeek-V3 (sec. 3.3.2) measured ~14 bits kept in those sums on H800 (up
+//      to 2% relative error for a whole unpromoted K = 4096). We assume at least 13: each step of 32
+//      products (wgmma's k for 8-bit inputs) loses at most 2^-13 of its running sum's magnitude. Fast:
+//      every step adds onto the whole running sum, up to ceil(K / 32) losses of one sign (truncation):
+//      g = g' = ceil(K / 32) 2^-13, where an accumulating GEMM's running sum starts from its C: S there
+//      is |C| + sum|a b| (dweight's bound against S alone failed by up to 4.1x on an H200, at K 16-64,
+//      so cuBLASLt evidently loads C into the unpromoted sum). Split: promoted to fp32 at least every 8 steps (CUTLASS's Hopper FP8
+//      mainloop promotes every 4, mma_promotion_interval), at most 8 losses per promoted block, blocks
+//      independent: g = g' = 8 2^-13 = 2^-10, plus fp32's 4 K 2^-24 in g. The norm's rounding term is
+//      the uniform-rounding model: an error spread evenly over +-half a step, <= u_out |v|, has rms
+//      <= u_out / sqrt(3).
+//   2. The quantization, against the float64 product of the original bf16 operands. Elementwise:
+//      |got - ref| <= bound 1 + (ua + ub + ua ub) S + (1 + ua) db sum|a| + da sum|b| (each factor off
+//      by at most u |x| + delta: a worst case for any inputs). In norm: ||got - ref|| <= 1.1 sqrt(sum over
+//      outputs and k of ((ua^2 + ub^2) a^2 b^2 + da^2 b^2 + db^2 a^2) / 3) + bound 1's norm: rounding
+//      errors of different elements are independent and spread evenly over their step, so each factor's
+//      error has variance <= (u^2 x^2 + delta^2) / 3, and an output's K products add them in quadrature.
+//      For iid zero-mean inputs ||ref||^2 ~ sum a^2 b^2 and the ratio's bound is sqrt((ua^2 + ub^2) / 3):
+//      2^-4 sqrt(2/3) = 0.051 for e4m3 x e4m3 (2^-4 / sqrt(3) from each operand), 2^-4 sqrt(5/3) = 0.081
+//      with e5m2; rows with non-zero means give a larger ||ref|| and a smaller ratio. Values
+//      sit anywhere in their binade, not at its bottom, so measured ratios come out ~0.6-0.7 of this;
+//      1.1 covers the products of two errors (u^2) and the sample's spread.
+//   The elementwise bounds are worst cases over the signs of K terms, ~sqrt(K) times what random inputs
+//   reach: they catch a wrong element, scale or layout; the norm bounds are the sharp ones.
+//   The casts are checked exactly: amax, the scale, every FP8 byte against the host's round-to-nearest-
+//   even of x s, the transposed copy byte for byte, nothing written past either copy.
+//
+// Validation: every GEMM of versions 2 and 3 at small shapes (every dimension a multiple of 16, cast
+// tiles and cuBLASLt tiles partial, GPT-2's C, 3C, 4C and K up to 65536), outputs and FP8 copies
+// poisoned with NaN first and guarded past their ends, fresh inputs per shape (rows with non-zero
+// means, weights with larger rows, gradient rows over 8 binades), dweight from a non-zero start; two
+// runs the same bits; shapes with a dimension not a multiple of 16, and a misaligned input, refused.
+// Then d12's and d48's layers (8192 rows with --check, else the benchmark's) against the bf16 GEMMs:
+// ||v2 - v1|| / ||v1|| within bound 2's iid value plus both GEMMs' own terms, two runs the same bits.
+//
+// Benchmark: d12 (C 768) and d48 (C 1600), qkv (C -> 3C), attproj (C -> C), fc (C -> 4C) and fcproj
+// (4C -> C), at B T = 65536 and 8192 rows, random operands (tensor cores run faster on zeros). Each GEMM
+// alone, then with the casts its operands need, then the whole layer as training would run it (inp,
+// weight and dout each cast once, both copies, and the three GEMMs); median of 50 runs after 10
+// (time_median_ms), TFLOP/s of 2 m n k, bf16's time over FP8's. cuBLASLt plans are tuned on their first
+// call as the header tunes its own (matmul_tune: the fastest candidate with the first choice's bits).
+
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common.cuh"
+#include "dev/lab.cuh"
+#include "matmul.cuh"
+
+using bf16 = __nv_bfloat16;
+
+std::string strf(const char* fmt, ...) {
+    char buf[512];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, args);
+    va_end(args);
+    return buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8 formats, scales, and the host's own decoding and rounding (independent of cuda_fp8.h's).
+
+struct Fp8Format {
+    const char* name;
+    cudaDataType_t type;
+    double max;             // the largest finite value, 1.75 2^emax
+    int mbits, emin, emax;  // stored mantissa bits; exponents of the smallest normal and of the top binade
+};
+constexpr Fp8Format kE4M3{"e4m3", CUDA_R_8F_E4M3, 448.0, 3, -6, 8};
+constexpr Fp8Format kE5M2{"e5m2", CUDA_R_8F_E5M2, 57344.0, 2, -14, 15};
+inline double fp8_unit(const Fp8Format& f) { return std::ldexp(1.0, -f.mbits - 1); }                 // u
+inline double fp8_half_subnormal(const Fp8Format& f) { return std::ldexp(1.0, f.emin - f.mbits - 1); }  // delta s
+
+// s = 2^p, the largest power of two with amax s <= 1.75 2^emax (the format's max). With amax = m 2^e,
+// m in [0.5, 1): m 2^(emax + 1) fits while m <= 0.875, else m 2^emax; either way amax s > max / 2.
+// amax 0: 1. Not finite: NaN, so that the casts and the GEMM put NaN out where the input had it.
+__host__ __device__ inline float fp8_scale(float amax, int emax) {
+    if (!(amax <= 3.402823466e38f)) return nanf("");
+    if (amax == 0.0f) return 1.0f;
+    int e;
+    const float m = frexpf(amax, &e);
+    int p = emax + 1 - e - (m > 0.875f ? 1 : 0);
+    p = p < -126 ? -126 : p > 126 ? 126 : p;  // s and 1 / s normal floats
+    return ldexpf(1.0f, p);
+}
+
+// An FP8 byte's value.
+double fp8_decode(uint8_t b, const Fp8Format& f) {
+    const int ebits = 7 - f.mbits, bias = (1 << (ebits - 1)) - 1;
+    const int e = (b >> f.mbits) & ((1 << ebits) - 1), m = b & ((1 << f.mbits) - 1);
+    const double sign = (b & 0x80) ? -1.0 : 1.0;
+    if (f.mbits == 3 && e == 15 && m == 7) return NAN;  // e4m3: no infinities, one NaN per sign
+    if (f.mbits == 2 && e == 31) return m == 0 ? sign * INFINITY : NAN;
+    if (e == 0) return sign * std::ldexp(double(m), 1 - bias - f.mbits);
+    return sign * std::ldexp(double((1 << f.mbits) + m), e - bias - f.mbits);
+}
+
+// v rounded to the nearest value of the format, ties to even, clamped to +-max (cvt.rn.satfinite).
+double fp8_round(double v, const Fp8Format& f) {
+    const double a = std::fabs(v);
+    if (a == 0.0 || !std::isfinite(a)) return std::isnan(v) ? v : std::copysign(a == 0.0 ? 0.0 : f.max, v);
+    int e;
+    std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+    const double step = std::ldexp(1.0, std::max(e - 1, f.emin) - f.mbits);
+    return std::copysign(std::min(std::nearbyint(a / step) * step, f.max), v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cast pair: amax, then scale + cast (+ transpose).
+
+// amax = max |x| over n elements (n a multiple of 8, x 16-byte aligned) into *amax_bits, zeroed before:
+// non-negative floats order as their bits do, so atomicMax on the bits is the float max in any order.
+__global__ void __launch_bounds__(256) fp8_amax_kernel(unsigned* amax_bits, const bf16* x, size_t n) {
+    unsigned m = 0;
+    for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * 8; i < n; i += size_t(gridDim.x) * blockDim.x * 8) {
+        const Vec128<bf16> v = Vec128<bf16>::load(x + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = max(m, __float_as_uint(fabsf(__bfloat162float(v[j]))));
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    __shared__ unsigned warp_max[8];
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; w++) m = max(m, warp_max[w]);
+        atomicMax(amax_bits, m);
+    }
+}
+
+template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b, float c, float d) {
+    constexpr __nv_fp8_interpretation_t kind = E5M2 ? __NV_E5M2 : __NV_E4M3;
+    const unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);  // a in the low byte
+    const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
+    return lo | hi << 16;
+}
+
+// x (R, C) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s amax; block (0, 0)
+// also writes meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C multiples of 16. A
+// block takes a 64 x 64 tile: 256 threads load 2 vectors of 8 each (a row is 8 threads, 128 bytes) and
+// write q from registers; for qt the tile goes through shared memory, and thread t reads column t % 64
+// at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a row: no bank conflict) and
+// writes those 16 FP8 values as one 16-byte vector of qt's row.
+constexpr int kCastTile = 64;
+template <bool E5M2, bool kNatural, bool kTransposed>
+__global__ void __launch_bounds__(256) fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const bf16* x, int R, int C) {
+    __shared__ __align__(16) bf16 tile[kCastTile][kCastTile];
+    constexpr int emax = E5M2 ? 15 : 8;  // kE5M2.emax, kE4M3.emax
+    const float s = fp8_scale(__uint_as_float(*reinterpret_cast<const unsigned*>(meta + 2)), emax);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[0] = 1.0f / s, meta[1] = s;
+    const int r0 = blockIdx.x * kCastTile, c0 = blockIdx.y * kCastTile;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int v = threadIdx.x + 256 * i, row = v / 8, col = v % 8 * 8;
+        const int r = r0 + row, c = c0 + col;
+        if (r >= R || c >= C) continue;
+        const Vec128<bf16> in = Vec128<bf16>::load(x + size_t(r) * C + c);
+        if (kTransposed) *reinterpret_cast<int4*>(&tile[row][col]) = *reinterpret_cast<const int4*>(in.v);
+        if (kNatural) {
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = __bfloat162float(in[j]) * s;
+            *reinterpret_cast<uint2*>(q + size_t(r) * C + c) =
+                make_uint2(fp8x4<E5M2>(f[0], f[1], f[2], f[3]), fp8x4<E5M2>(f[4], f[5], f[6], f[7]));
+        }
+    }
+    if (!kTransposed) return;
+    __syncthreads();
+    const int cc = threadIdx.x % kCastTile, rr = threadIdx.x / kCastTile * 16;
+    const int c = c0 + cc, r = r0 + rr;
+    if (c >= C || r >= R) return;  // R a multiple of 16: a chunk of 16 rows is all in or all out
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        w[k] = fp8x4<E5M2>(__bfloat162float(tile[rr + 4 * k][cc]) * s, __bfloat162float(tile[rr + 4 * k + 1][cc]) * s,
+                            __bfloat162float(tile[rr + 4 * k + 2][cc]) * s, __bfloat162float(tile[rr + 4 * k + 3][cc]) * s);
+    *reinterpret_cast<uint4*>(qt + size_t(c) * R + r) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Guard past each FP8 copy (bytes) and each GEMM output (elements): poisoned, and nothing may write it.
+constexpr size_t kGuard = 64;
+
+// A bf16 tensor's FP8 copies: q (R, C) as stored and qt (C, R); meta: 1 / s, s, amax (its bits). 1 / s
+// comes first: cuBLASLt's FP8 GEMMs answer CUBLAS_STATUS_NOT_SUPPORTED, with no message, for a scale
+// pointer that is not 16-byte aligned (measured with cuBLASLt 13.1 on an H200).
+struct Fp8Tensor {
+    const Fp8Format& fmt;
+    int R = 0, C = 0;  // the tensor last quantized
+    DeviceBuffer<uint8_t> q, qt;
+    DeviceBuffer<float> meta;
+    Fp8Tensor(const Fp8Format& f, size_t capacity)
+        : fmt(f), q(capacity + kGuard, "FP8 copy"), qt(capacity + kGuard, "FP8 transposed copy"), meta(4, "FP8 scales") {}
+    const float* scale_inv() const { return meta.ptr; }
+    void poison() {
+        q.poison(), qt.poison();  // 0xff: NaN in e4m3 and e5m2
+        meta.poison();
+    }
+};
+
+// Quantizes x (R, C): natural writes q, transposed writes qt. Empty, or why not.
+std::string fp8_quantize(Fp8Tensor& t, const bf16* x, int R, int C, bool natural, bool transposed, cudaStream_t stream = 0) {
+    if (R % 16 || C % 16) return strf("a %d x %d tensor: FP8 casts need both dimensions multiples of 16", R, C);
+    if (!is_aligned16(x)) return "the bf16 input is not 16-byte aligned: FP8 casts read 16-byte vectors";
+    if (!natural && !transposed) return "nothing to write";
+    const size_t n = size_t(R) * C;
+    if (n + kGuard > t.q.n) fail("fp8_quantize: %d x %d is past the buffer's %zu elements", R, C, t.q.n - kGuard);
+    if ((C + kCastTile - 1) / kCastTile > 65535) fail("fp8_quantize: C = %d is past the grid's 65535 column tiles", C);
+    t.R = R, t.C = C;
+    cuda_check(cudaMemsetAsync(t.meta.ptr + 2, 0, sizeof(float), stream));
+    fp8_amax_kernel<<<elementwise_blocks(n / 8), 256, 0, stream>>>(reinterpret_cast<unsigned*>(t.meta.ptr + 2), x, n);
+    cuda_check_launch();
+    using Kernel = void (*)(uint8_t*, uint8_t*, float*, const bf16*, int, int);
+    const bool e5m2 = t.fmt.type == CUDA_R_8F_E5M2;
+    const Kernel k = e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
+                                     : fp8_cast_kernel<true, false, true>)
+                          : (natural ? (transposed ? fp8_cast_kernel<false, true, true> : fp8_cast_kernel<false, true, false>)
+                                     : fp8_cast_kernel<false, false, true>);
+    const dim3 grid((R + kCastTile - 1) / kCastTile, (C + kCastTile - 1) / kCastTile);
+    k<<<grid, 256, 0, stream>>>(t.q.ptr, t.qt.ptr, t.meta.ptr, x, R, C);
+    cuda_check_launch();
+    return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// One FP8 GEMM through cuBLASLt, column-major as cuBLAS sees it, TN:
+//   D (m, n) = a_scale b_scale A^T B (+ bias per row of D) (+ D with accumulate),
+//   A stored (k, m), B stored (k, n), D stored (m, n); leading dimensions k, k, m.
+
+struct Fp8Gemm {
+    int m = 0, n = 0, k = 0;
+    const uint8_t* A = nullptr;
+    const Fp8Format* a_fmt = nullptr;
+    const float* a_scale = nullptr;  // device: the factor back to A's units (1 / s)
+    const uint8_t* B = nullptr;
+    const Fp8Format* b_fmt = nullptr;
+    const float* b_scale = nullptr;
+    void* D = nullptr;
+    bool d_fp32 = false;            // D fp32 (the weight gradient), else bf16
+    const bf16* bias = nullptr;     // (m), bf16 D only
+    bool accumulate = false;        // D += (beta = 1, C is D)
+    bool fast_accum = false;
+};
+
+// Runs it, or says why not (empty: it ran). Plans are made once per case and tuned on their first run
+// with matmul.cuh's tuner (the fastest of the heuristic's candidates that give its first choice's bits).
+std::string fp8_gemm(const Fp8Gemm& g, cudaStream_t stream = 0) {
+    if (g.m % 16 || g.n % 16 || g.k % 16)
+        return strf("m %d n %d k %d: cuBLASLt's FP8 GEMMs need every dimension a multiple of 16", g.m, g.n, g.k);
+    const int align_a = pointer_alignment(g.A), align_b = pointer_alignment(g.B), align_d = pointer_alignment(g.D);
+    if (std::min({align_a, align_b, align_d}) < 16) return "an operand is not 16-byte aligned (cuBLASLt's FP8 GEMMs need it)";
+    if (g.bias && g.d_fp32) fail("fp8_gemm: a bias with an fp32 D is not a case of this lab");
+    using Key = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int>;
+    static std::map<Key, MatmulPlan> plans;
+    MatmulPlan& plan = plans[Key{g.m, g.n, g.k, (int)g.a_fmt->type, (int)g.b_fmt->type, g.d_fp32, g.bias != nullptr, g.accumulate,
+                                 g.fast_accum, align_a, align_b, align_d}];
+    BlasContext& b = blas();
+    if (!plan.made) {
+        plan.made = true;
+        cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        const int8_t fast = g.fast_accum ? 1 : 0;
+        const cublasLtEpilogue_t epilogue = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
+        if (g.bias) {
+            const cudaDataType_t bias_type = CUDA_R_16BF;  // FP8 in, bf16 out: the bias is bf16 (cuBLASLt's FP8 table)
+            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+        }
+        cublas_check(cublasLtMatrixLayoutCreate(&plan.a, g.a_fmt->type, g.k, g.m, g.k));
+        cublas_check(cublasLtMatrixLayoutCreate(&plan.b, g.b_fmt->type, g.k, g.n, g.k));
+        cublas_check(cublasLtMatrixLayoutCreate(&plan.d, g.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, g.m, g.n, g.m));
+        cublasLtMatmulPreference_t pref;
+        cublas_check(cublasLtMatmulPreferenceCreate(&pref));
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
+                                                          sizeof(b.workspace_bytes)));
+        const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_d, (uint32_t)align_d};
+        const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4; i++)
+            cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
+        cublasLtMatmulHeuristicResult_t heuristic[kMatmulTuneCandidates];
+        int found = 0;
+        if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kMatmulTuneCandidates, heuristic,
+                                           &found) != CUBLAS_STATUS_SUCCESS)
+            found = 0;
+        cublas_check(cublasLtMatmulPreferenceDestroy(pref));
+        for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
+        plan.heuristic_count = plan.candidates.size();
+        plan.m = g.m, plan.n = g.n, plan.k = g.k, plan.epilogue = epilogue;
+        if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
+    }
+    if (!plan.has_algo)
+        return strf("cuBLASLt offers no FP8 algorithm for m %d n %d k %d, %s x %s -> %s", g.m, g.n, g.k, g.a_fmt->name, g.b_fmt->name,
+                    g.d_fp32 ? "fp32" : "bf16");
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
+    if (g.bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    void* workspace = blas_stream(stream).workspace;
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        const cublasStatus_t st = cublasLtMatmul(b.lt, plan.desc, &alpha, g.A, plan.a, g.B, plan.b, &beta, g.D, plan.d, g.D, plan.d,
+                                                 &algo, workspace, b.workspace_bytes, stream);
+        if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(st);
+        return st == CUBLAS_STATUS_SUCCESS;
+    };
+    if (!plan.tuned && b.tune) {
+        if (g.d_fp32) matmul_tune(plan, run, static_cast<float*>(g.D), (const bf16*)nullptr, size_t(g.m) * g.n, stream, g.accumulate);
+        else matmul_tune(plan, run, static_cast<bf16*>(g.D), (const bf16*)nullptr, size_t(g.m) * g.n, stream, g.accumulate);
+    }
+    if (!run(plan.algo)) {
+        plan.has_algo = false;
+        return strf("cuBLASLt refused its own FP8 algorithm for m %d n %d k %d", g.m, g.n, g.k);
+    }
+    return "";
+}
+
+// The layer's three GEMMs on quantized tensors (inp: N x C, weight: OC x C, dout: N x OC).
+// out (N, OC) = inp weight^T + bias: column-major (OC, N) = weight (C, OC)^T inp (C, N).
+std::string fp8_forward(bf16* out, const Fp8Tensor& inp, const Fp8Tensor& w, const bf16* bias, bool fast, cudaStream_t stream = 0) {
+    if (w.C != inp.C) fail("fp8_forward: weight has %d columns, inp %d", w.C, inp.C);
+    Fp8Gemm g;
+    g.m = w.R, g.n = inp.R, g.k = inp.C;
+    g.A = w.q.ptr, g.a_fmt = &w.fmt, g.a_scale = w.scale_inv();
+    g.B = inp.q.ptr, g.b_fmt = &inp.fmt, g.b_scale = inp.scale_inv();
+    g.D = out, g.bias = bias, g.fast_accum = fast;
+    return fp8_gemm(g, stream);
+}
+// dinp (N, C) = dout weight: column-major (C, N) = weight^T's copy (OC, C)^T dout (OC, N).
+std::string fp8_backward_input(bf16* dinp, const Fp8Tensor& dout, const Fp8Tensor& w, bool fast, cudaStream_t stream = 0) {
+    if (w.R != dout.C) fail("fp8_backward_input: weight has %d rows, dout %d columns", w.R, dout.C);
+    Fp8Gemm g;
+    g.m = w.C, g.n = dout.R, g.k = dout.C;
+    g.A = w.qt.ptr, g.a_fmt = &w.fmt, g.a_scale = w.scale_inv();
+    g.B = dout.q.ptr, g.b_fmt = &dout.fmt, g.b_scale = dout.scale_inv();
+    g.D = dinp, g.fast_accum = fast;
+    return fp8_gemm(g, stream);
+}
+// dweight (OC, C) += dout^T inp: column-major (C, OC) += inp^T's copy (N, C)^T dout^T's copy (N, OC).
+std::string fp8_backward_weight(float* dweight, const Fp8Tensor& dout, const Fp8Tensor& inp, bool fast, cudaStream_t stream = 0) {
+    if (inp.R != dout.R) fail("fp8_backward_weight: inp has %d rows, dout %d", inp.R, dout.R);
+    Fp8Gemm g;
+    g.m = inp.C, g.n = dout.C, g.k = inp.R;
+    g.A = inp.qt.ptr, g.a_fmt = &inp.fmt, g.a_scale = inp.scale_inv();
+    g.B = dout.qt.ptr, g.b_fmt = &dout.fmt, g.b_scale = dout.scale_inv();
+    g.D = dweight, g.d_fp32 = true, g.accumulate = true, g.fast_accum = fast;
+    return fp8_gemm(g, stream);
+}
+
+// One layer's FP8 tensors, sized for the largest it will hold.
+struct Fp8Layer {
+    Fp8Tensor inp, weight, dout;
+    Fp8Layer(size_t inp_capacity, size_t weight_capacity, size_t dout_capacity)
+        : inp(kE4M3, inp_capacity), weight(kE4M3, weight_capacity), dout(kE5M2, dout_capacity) {}
+    void poison() { inp.poison(), weight.poison(), dout.poison(); }
+};
+
+// Why a layer's shape cannot take the FP8 path (empty: it can).
+std::string fp8_layer_refusal(int N, int C, int OC) {
+    const std::pair<const char*, int> dims[] = {{"N", N}, {"C", C}, {"OC", OC}};
+    for (const auto& [name, v] : dims)
+        if (v % 16)
+            return strf("%s = %d is not a multiple of 16: N, C and OC are each the K of one GEMM (dweight, forward, dinp), "
+                        "and cuBLASLt's FP8 GEMMs need K-long rows of whole 16-byte vectors and every dimension a multiple of 16",
+                        name, v);
+    return "";
+}
+
+// Versions 2 and 3: the layer as training would run it, each bf16 tensor cast once (both FP8 copies).
+// Empty, or why not (nothing runs then).
+std::string fp8_layer(Fp8Layer& L, int version, bf16* out, bf16* dinp, float* dweight, const bf16* inp, const bf16* weight,
+                      const bf16* bias, const bf16* dout, int N, int C, int OC, cudaStream_t stream = 0) {
+    std::string why = fp8_layer_refusal(N, C, OC);
+    const bool fast_backward = version == 3;
+    if (why.empty()) why = fp8_quantize(L.inp, inp, N, C, true, true, stream);
+    if (why.empty()) why = fp8_quantize(L.weight, weight, OC, C, true, true, stream);
+    if (why.empty()) why = fp8_forward(out, L.inp, L.weight, bias, true, stream);
+    if (why.empty()) why = fp8_quantize(L.dout, dout, N, OC, true, true, stream);
+    if (why.empty()) why = fp8_backward_input(dinp, L.dout, L.weight, fast_backward, stream);
+    if (why.empty()) why = fp8_backward_weight(dweight, L.dout, L.inp, fast_backward, stream);
+    return why;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host checks of the host's FP8 helpers (they run everywhere, GPU or not): the reference's rounding is
+// the one the casts are held to, so it is checked against NVIDIA's host conversion too.
+
+void check_host_helpers(TestCounter& tests) {
+    for (const Fp8Format* f : {&kE4M3, &kE5M2}) {
+        const __nv_fp8_interpretation_t kind = f == &kE5M2 ? __NV_E5M2 : __NV_E4M3;
+        size_t bad = 0;
+        constexpr int kSamples = 65536;
+        // Every finite byte rounds to itself; each midpoint of two neighbours to the even one.
+        std::vector<double> pos;
+        for (int byte = 0; byte < 128; byte++) {
+            const double v = fp8_decode(uint8_t(byte), *f);
+            if (!std::isfinite(v)) continue;
+            pos.push_back(v);
+            bad += fp8_round(v, *f) != v || fp8_round(-v, *f) != -v || fp8_decode(uint8_t(byte | 0x80), *f) != -v;
+        }
+        bad += pos.back() != f->max;
+        for (size_t i = 0; i + 1 < pos.size(); i++) {
+            bad += !(pos[i] < pos[i + 1]);
+            const double mid = 0.5 * (pos[i] + pos[i + 1]), even = (i % 2 == 0) ? pos[i] : pos[i + 1];
+            bad += fp8_round(mid, *f) != even;
+        }
+        // Against cuda_fp8.h's host conversion over 2^16 values across the whole range and past max.
+        Rng rng(17);
+        for (int i = 0; i < kSamples; i++) {
+            const double v = std::ldexp(rng.uniform(-2.0f, 2.0f), int(rng.next() % (f->emax - f->emin + 12)) + f->emin - f->mbits - 4);
+            const double theirs = fp8_decode(__nv_cvt_double_to_fp8(v, __NV_SATFINITE, kind), *f);
+            bad += fp8_round(v, *f) != theirs;
+        }
+        // The scale: a power of two with amax s in (max / 2, max], over 2^16 amaxes from 2^-40 to 2^40.
+        for (int i = 0; i < kSamples; i++) {
+            const float amax = std::ldexp(rng.uniform(1.0f, 2.0f), int(rng.next() % 80) - 40);
+            const double s = fp8_scale(amax, f->emax), scaled = double(amax) * s;
+            int e;
+            bad += std::frexp(s, &e) != 0.5 || !(scaled > f->max / 2 && scaled <= f->max);
+        }
+        bad += fp8_scale(0.0f, f->emax) != 1.0f || !std::isnan(fp8_scale(INFINITY, f->emax)) || !std::isnan(fp8_scale(NAN, f->emax));
+        printf("  host %s: %zu finite values round to themselves, midpoints to the even neighbour, %d values as cuda_fp8.h "
+               "rounds them, %d scales in (max/2, max]  %s (%zu bad)\n",
+               f->name, pos.size() * 2, kSamples, kSamples, bad ? "FAIL" : "ok  ", bad);
+        tests.record(bad == 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation at small shapes against the float64 reference.
+
+// D[i][j] = sum_k A[i][k] B[j][k] (A: I x K, B: J x K, row-major) from the original operands (a, b) and
+// from the dequantized FP8 ones (ah, bh), with the sums the bounds need.
+struct Reference {
+    int I = 0, J = 0, K = 0;
+    std::vector<double> y, mag, sq;  // sum a b, sum |a b|, sum (a b)^2
+    std::vector<double> yh, magh;    // sum ah bh, sum |ah bh|
+    std::vector<double> a_abs, a_sq, b_abs, b_sq;  // per row of A and of B: sum |.|, sum .^2
+};
+Reference reference(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& ah,
+                    const std::vector<float>& bh, int I, int J, int K) {
+    Reference r;
+    r.I = I, r.J = J, r.K = K;
+    const size_t n = size_t(I) * J;
+    r.y.resize(n), r.mag.resize(n), r.sq.resize(n), r.yh.resize(n), r.magh.resize(n);
+    r.a_abs.assign(I, 0.0), r.a_sq.assign(I, 0.0), r.b_abs.assign(J, 0.0), r.b_sq.assign(J, 0.0);
+    for (int i = 0; i < I; i++)
+        for (int k = 0; k < K; k++) r.a_abs[i] += std::fabs(a[size_t(i) * K + k]), r.a_sq[i] += double(a[size_t(i) * K + k]) * a[size_t(i) * K + k];
+    for (int j = 0; j < J; j++)
+        for (int k = 0; k < K; k++) r.b_abs[j] += std::fabs(b[size_t(j) * K + k]), r.b_sq[j] += double(b[size_t(j) * K + k]) * b[size_t(j) * K + k];
+    // Four rows of A against each row of B: B is read once per four outputs (it is the larger operand
+    // at the shapes with a long K).
+    constexpr int kRows = 4;
+    for (int i0 = 0; i0 < I; i0 += kRows) {
+        const float *ai[kRows], *ahi[kRows];
+        for (int t = 0; t < kRows; t++) {
+            const int i = std::min(i0 + t, I - 1);  // past the end: the last row again, not stored
+            ai[t] = &a[size_t(i) * K], ahi[t] = &ah[size_t(i) * K];
+        }
+        for (int j = 0; j < J; j++) {
+            const float *bj = &b[size_t(j) * K], *bhj = &bh[size_t(j) * K];
+            double s[kRows] = {}, m[kRows] = {}, q[kRows] = {}, sh[kRows] = {}, mh[kRows] = {};
+            for (int k = 0; k < K; k++) {
+                const double bk = bj[k], bhk = bhj[k];
+                for (int t = 0; t < kRows; t++) {
+                    const double p = ai[t][k] * bk, ph = ahi[t][k] * bhk;
+                    s[t] += p, m[t] += std::fabs(p), q[t] += p * p, sh[t] += ph, mh[t] += std::fabs(ph);
+                }
+            }
+            for (int t = 0; t < kRows && i0 + t < I; t++) {
+                const size_t o = size_t(i0 + t) * J + j;
+                r.y[o] = s[t], r.mag[o] = m[t], r.sq[o] = q[t], r.yh[o] = sh[t], r.magh[o] = mh[t];
+            }
+        }
+    }
+    return r;
+}
+
+struct GemmSpec {
+    const char* name;  // fwd, dinp, dweight
+    const Fp8Format *fa, *fb;
+    bool fast, fp32_out;
+};
+
+// The worst ratio of error to bound per version and GEMM over the shapes: [0] norm, [1] element vs the
+// dequantized operands (bound 1), [2] norm, [3] element vs the original ones (bound 2).
+std::map<std::string, std::vector<double>> g_worst;
+
+// Bounds 1 and 2 of the top comment for one GEMM's output; records both.
+void check_gemm(TestCounter& tests, int version, const GemmSpec& g, const char* shape, const Reference& r,
+                const std::vector<double>& got, const std::vector<double>& extra, double a_scale_inv, double b_scale_inv) {
+    const int K = r.K, steps = (K + 31) / 32;
+    const double u_out = (g.fp32_out ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8)) + std::ldexp(1.0, -22);
+    const double u_out_rms = u_out / std::sqrt(3.0);
+    const double g_norm = g.fast ? steps * std::ldexp(1.0, -13) : std::ldexp(1.0, -10);
+    const double g_elem = g_norm + 4.0 * K * std::ldexp(1.0, -24);
+    const double ua = fp8_unit(*g.fa), ub = fp8_unit(*g.fb);
+    const double da = fp8_half_subnormal(*g.fa) * a_scale_inv, db = fp8_half_subnormal(*g.fb) * b_scale_inv;
+    auto sq = [](double x) { return x * x; };
+    double e2h = 0, t2h = 0, p2h = 0, e2 = 0, t2 = 0, var = 0, worst_h = 0, worst = 0, max_err_h = 0, max_err = 0;
+    size_t bad_h = 0, bad = 0;
+    for (int i = 0; i < r.I; i++)
+        for (int j = 0; j < r.J; j++) {
+            const size_t o = size_t(i) * r.J + j;
+            const double v = got[o], th = r.yh[o] + extra[o], t = r.y[o] + extra[o];
+            // Fast accumulation keeps an accumulating GEMM's start (dweight's) in the unpromoted sum too.
+            const double run_mag = r.magh[o] + (g.fast ? std::fabs(extra[o]) : 0.0);
+            const double tol_h = u_out * std::fabs(th) + g_elem * run_mag + 1e-30;
+            const double tol = tol_h + (ua + ub + ua * ub) * r.mag[o] + (1 + ua) * db * r.a_abs[i] + da * r.b_abs[j];
+            const double eh = std::fabs(v - th), e = std::fabs(v - t);
+            if (!std::isfinite(v)) {
+                bad_h++, bad++, worst_h = worst = INFINITY;
+                continue;
+            }
+            bad_h += eh > tol_h, bad += e > tol;
+            worst_h = std::max(worst_h, eh / tol_h), worst = std::max(worst, e / tol);
+            max_err_h = std::max(max_err_h, eh), max_err = std::max(max_err, e);
+            e2h += eh * eh, t2h += th * th, p2h += sq(std::fabs(r.yh[o]) + (g.fast ? std::fabs(extra[o]) : 0.0)), e2 += e * e, t2 += t * t;
+            var += ((ua * ua + ub * ub) * r.sq[o] + da * da * r.b_sq[j] + db * db * r.a_sq[i]) / 3;
+        }
+    const double norm_h = std::sqrt(e2h / t2h), bound_h = u_out_rms + g_norm * std::sqrt(p2h / t2h);
+    const double norm = std::sqrt(e2 / t2),
+                 bound = (1.1 * std::sqrt(var) + u_out_rms * std::sqrt(t2h) + g_norm * std::sqrt(p2h)) / std::sqrt(t2);
+    const bool ok_h = bad_h == 0 && norm_h <= bound_h, ok = bad == 0 && norm <= bound;
+    printf("  v%d %-7s %s x %s %-5s %-22s vs dequantized %s norm %.2e (bound %.1e) max|err| %.1e (%.3f of its bound) | "
+           "vs bf16 inputs %s norm %.2e (bound %.1e) max|err| %.1e (%.3f)%s\n",
+           version, g.name, g.fa->name, g.fb->name, g.fast ? "fast" : "split", shape, ok_h ? "ok  " : "FAIL", norm_h, bound_h,
+           max_err_h, worst_h, ok ? "ok  " : "FAIL", norm, bound, max_err, worst,
+           bad_h + bad ? strf("  (%zu, %zu elements past their bounds)", bad_h, bad).c_str() : "");
+    tests.record(ok_h);
+    tests.record(ok);
+    std::vector<double>& w = g_worst[strf("v%d %-7s %s x %s %-5s", version, g.name, g.fa->name, g.fb->name, g.fast ? "fast" : "split")];
+    w.resize(4, 0.0);
+    w[0] = std::max(w[0], norm_h / bound_h), w[1] = std::max(w[1], worst_h);
+    w[2] = std::max(w[2], norm / bound), w[3] = std::max(w[3], worst);
+}
+
+// A layer's device tensors at one shape.
+struct ShapeBuffers {
+    int N, C, OC;
+    DeviceBuffer<bf16> inp, weight, bias, dout, out, dinp;
+    DeviceBuffer<float> dweight;
+    Fp8Layer fp8;
+    ShapeBuffers(int N_, int C_, int OC_)
+        : N(N_), C(C_), OC(OC_), inp(size_t(N_) * C_, "inp"), weight(size_t(OC_) * C_, "weight"), bias(OC_, "bias"),
+          dout(size_t(N_) * OC_, "dout"), out(size_t(N_) * OC_ + kGuard, "out"), dinp(size_t(N_) * C_ + kGuard, "dinp"),
+          dweight(size_t(OC_) * C_ + kGuard, "dweight"), fp8(size_t(N_) * C_, size_t(OC_) * C_, size_t(N_) * OC_) {}
+};
+
+// Everything one run of a version leaves, guards included.
+struct LayerRun {
+    std::string refusal;
+    std::vector<bf16> out, dinp;
+    std::vector<float> dweight;
+    std::vector<uint8_t> q[3], qt[3];  // inp, weight, dout
+    std::vector<float> meta[3];
+    bool same_bits(const LayerRun& o, bool outputs) const {
+        auto same = [](const auto& x, const auto& y) {
+            return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+        };
+        bool ok = !outputs || (same(out, o.out) && same(dinp, o.dinp) && same(dweight, o.dweight));
+        for (int t = 0; t < 3; t++) ok = ok && same(q[t], o.q[t]) && same(qt[t], o.qt[t]) && same(meta[t], o.meta[t]);
+        return ok;
+    }
+};
+
+LayerRun run_layer(ShapeBuffers& B, int version, const std::vector<float>& dweight0) {
+    B.out.poison(), B.dinp.poison(), B.dweight.poison(), B.fp8.poison();
+    cuda_check(cudaMemcpy(B.dweight.ptr, dweight0.data(), dweight0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    LayerRun r;
+    r.refusal = fp8_layer(B.fp8, version, B.out.ptr, B.dinp.ptr, B.dweight.ptr, B.inp.ptr, B.weight.ptr, B.bias.ptr, B.dout.ptr,
+                          B.N, B.C, B.OC);
+    cuda_check(cudaDeviceSynchronize());
+    r.out = B.out.download(), r.dinp = B.dinp.download(), r.dweight = B.dweight.download();
+    Fp8Tensor* t[3] = {&B.fp8.inp, &B.fp8.weight, &B.fp8.dout};
+    for (int i = 0; i < 3; i++) r.q[i] = t[i]->q.download(), r.qt[i] = t[i]->qt.download(), r.meta[i] = t[i]->meta.download();
+    return r;
+}
+
+template <typename T> bool guard_intact(const std::vector<T>& v, size_t n) {
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(v.data());
+    for (size_t i = n * sizeof(T); i < v.size() * sizeof(T); i++)
+        if (bytes[i] != 0xff) return false;
+    return true;
+}
+
+// One tensor's casts: amax, s, every byte of q against the host's rounding, qt byte for byte, the guards.
+bool check_cast(const char* name, const std::vector<bf16>& x, int R, int C, const Fp8Format& f, const LayerRun& run, int t) {
+    const std::vector<uint8_t>&q = run.q[t], &qt = run.qt[t];
+    float amax = 0.0f;
+    for (const bf16& v : x) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+    const float s = fp8_scale(amax, f.emax);
+    const float got_amax = run.meta[t][2], got_s = run.meta[t][1], got_inv = run.meta[t][0];
+    size_t bad_q = 0, bad_qt = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            const uint8_t b = q[size_t(r) * C + c];
+            bad_q += fp8_decode(b, f) != fp8_round(double(__bfloat162float(x[size_t(r) * C + c])) * s, f);
+            bad_qt += qt[size_t(c) * R + r] != b;
+        }
+    const bool scales_ok = got_amax == amax && got_s == s && double(got_inv) * s == 1.0;
+    const bool guards = guard_intact(q, size_t(R) * C) && guard_intact(qt, size_t(R) * C);
+    const bool ok = scales_ok && bad_q == 0 && bad_qt == 0 && guards;
+    printf("  cast %-5s %s %-24s %s amax %.6g (host %.6g) s 2^%d (1/s %s); %zu bytes: %zu not the host's rounding, %zu "
+           "transposed bytes differ; guards %s\n",
+           name, f.name, strf("%d x %d", R, C).c_str(), ok ? "ok  " : "FAIL", got_amax, amax, int(std::lround(std::log2(s))),
+           double(got_inv) * s == 1.0 ? "exact" : "WRONG", size_t(R) * C, bad_q, bad_qt, guards ? "intact" : "WRITTEN");
+    return ok;
+}
+
+struct Shape {
+    int N, C, OC;
+};
+
+std::vector<float> to_floats(const std::vector<bf16>& x) {
+    std::vector<float> f(x.size());
+    for (size_t i = 0; i < x.size(); i++) f[i] = __bfloat162float(x[i]);
+    return f;
+}
+std::vector<float> transpose(const std::vector<float>& x, int R, int C) {
+    std::vector<float> t(x.size());
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) t[size_t(c) * R + r] = x[size_t(r) * C + c];
+    return t;
+}
+// Dequantized FP8 values: the first n bytes (the guard is not data).
+std::vector<float> dequantize(const std::vector<uint8_t>& q, size_t n, const Fp8Format& f, float scale_inv) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; i++) x[i] = float(fp8_decode(q[i], f) * scale_inv);  // exact: q's value times a power of two
+    return x;
+}
+
+void check_shape(TestCounter& tests, bool gpu, const Shape& sh, Rng& rng) {
+    const int N = sh.N, C = sh.C, OC = sh.OC;
+    const std::string shape = strf("N %d C %d OC %d", N, C, OC);
+    if (!gpu) {
+        tests.skip(("fp8 " + shape).c_str());
+        return;
+    }
+    // Inputs: inp rows with non-zero means (LayerNorm-like), weight ~ U(+-0.05) with every 7th row 4x larger,
+    // dout rows spread over 8 binades (gradients), a small bias and dweight start (~5% of the products).
+    std::vector<bf16> inp(size_t(N) * C), weight(size_t(OC) * C), bias(OC), dout(size_t(N) * OC);
+    fill_rows(inp, N, C, rng);
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) weight[size_t(o) * C + c] = __float2bfloat16(rng.uniform(-0.05f, 0.05f) * (o % 7 == 3 ? 4.0f : 1.0f));
+    for (auto& b : bias) b = __float2bfloat16(rng.uniform(-0.1f, 0.1f));
+    for (int n = 0; n < N; n++) {
+        const float row_scale = 1e-3f * std::exp2(rng.uniform(-8.0f, 0.0f));
+        for (int o = 0; o < OC; o++) dout[size_t(n) * OC + o] = __float2bfloat16(row_scale * rng.uniform(-1.0f, 1.0f));
+    }
+    std::vector<float> dweight0(size_t(OC) * C);
+    for (auto& v : dweight0) v = rng.uniform(-1.0f, 1.0f) * 1e-5f * std::sqrt(float(N));
+
+    ShapeBuffers B(N, C, OC);
+    B.inp.upload(inp), B.weight.upload(weight), B.bias.upload(bias), B.dout.upload(dout);
+    const LayerRun v2 = run_layer(B, 2, dweight0);
+    if (!v2.refusal.empty()) {
+        printf("  v2 FAIL refused: %s\n", v2.refusal.c_str());
+        tests.fail_one();
+        return;
+    }
+    tests.record(check_cast("inp", inp, N, C, kE4M3, v2, 0));
+    tests.record(check_cast("weight", weight, OC, C, kE4M3, v2, 1));
+    tests.record(check_cast("dout", dout, N, OC, kE5M2, v2, 2));
+
+    // The references, from the original operands and from the FP8 copies each GEMM read (in dot form).
+    const float si[3] = {v2.meta[0][0], v2.meta[1][0], v2.meta[2][0]};
+    const std::vector<float> inp_f = to_floats(inp), w_f = to_floats(weight), dout_f = to_floats(dout);
+    const size_t n_inp = size_t(N) * C, n_w = size_t(OC) * C, n_dout = size_t(N) * OC;
+    const Reference fwd = reference(inp_f, w_f, dequantize(v2.q[0], n_inp, kE4M3, si[0]), dequantize(v2.q[1], n_w, kE4M3, si[1]), N, OC, C);
+    const Reference dx = reference(dout_f, transpose(w_f, OC, C), dequantize(v2.q[2], n_dout, kE5M2, si[2]),
+                                   dequantize(v2.qt[1], n_w, kE4M3, si[1]), N, C, OC);
+    const Reference dw = reference(transpose(dout_f, N, OC), transpose(inp_f, N, C), dequantize(v2.qt[2], n_dout, kE5M2, si[2]),
+                                   dequantize(v2.qt[0], n_inp, kE4M3, si[0]), OC, C, N);
+    std::vector<double> bias_extra(n_dout), zeros(n_inp, 0.0), dw_extra(dweight0.begin(), dweight0.end());
+    for (size_t i = 0; i < n_dout; i++) bias_extra[i] = __bfloat162float(bias[i % OC]);
+
+    for (int version = 2; version <= 3; version++) {
+        const LayerRun run = version == 2 ? v2 : run_layer(B, 3, dweight0);
+        const LayerRun again = run_layer(B, version, dweight0);
+        const bool fast_bwd = version == 3;
+        std::vector<double> out(n_dout), dinp(n_inp), dweight(n_w);
+        for (size_t i = 0; i < n_dout; i++) out[i] = __bfloat162float(run.out[i]);
+        for (size_t i = 0; i < n_inp; i++) dinp[i] = __bfloat162float(run.dinp[i]);
+        for (size_t i = 0; i < n_w; i++) dweight[i] = run.dweight[i];
+        // Formats and scales in the reference's order: fwd inp x weight, dinp dout x weight, dweight dout^T x inp.
+        check_gemm(tests, version, {"fwd", &kE4M3, &kE4M3, true, false}, shape.c_str(), fwd, out, bias_extra, si[0], si[1]);
+        check_gemm(tests, version, {"dinp", &kE5M2, &kE4M3, fast_bwd, false}, shape.c_str(), dx, dinp, zeros, si[2], si[1]);
+        check_gemm(tests, version, {"dweight", &kE5M2, &kE4M3, fast_bwd, true}, shape.c_str(), dw, dweight, dw_extra, si[2], si[0]);
+        const bool guards = guard_intact(run.out, n_dout) && guard_intact(run.dinp, n_inp) && guard_intact(run.dweight, n_w);
+        const bool same = run.same_bits(again, true) && run.same_bits(v2, false);
+        printf("  v%d two runs %-22s %s %s; FP8 copies and scales %s; guards past out, dinp, dweight %s\n", version,
+               shape.c_str(), same ? "ok  " : "FAIL", run.same_bits(again, true) ? "the same bits" : "DIFFERENT BITS",
+               run.same_bits(v2, false) ? "the same as v2's" : "NOT v2's", guards ? "intact" : "WRITTEN");
+        tests.record(same && guards);
+    }
+}
+
+// Shapes not for FP8, and a misaligned input: refused with words, nothing written.
+void check_refusals(TestCounter& tests, bool gpu) {
+    const Shape refused[] = {{37, 64, 64}, {64, 40, 64}, {64, 64, 24}};
+    for (const Shape& sh : refused) {
+        const std::string what = strf("refusal N %d C %d OC %d", sh.N, sh.C, sh.OC);
+        if (!gpu) {
+            tests.skip(what.c_str());
+            continue;
+        }
+        ShapeBuffers B(sh.N, sh.C, sh.OC);
+        const LayerRun r = run_layer(B, 2, std::vector<float>(size_t(sh.OC) * sh.C, 0.0f));
+        const bool untouched = guard_intact(r.out, 0) && guard_intact(r.dinp, 0) && guard_intact(r.q[0], 0);
+        const bool ok = !r.refusal.empty() && untouched;
+        printf("  %-30s %s %s; outputs %s\n", what.c_str(), ok ? "ok  " : "FAIL", r.refusal.empty() ? "NOT REFUSED" : r.refusal.c_str(),
+               untouched ? "untouched" : "WRITTEN");
+        tests.record(ok);
+    }
+    const char* what = "refusal: inp 2 bytes past 16-byte alignment";
+    if (!gpu) {
+        tests.skip(what);
+        return;
+    }
+    DeviceBuffer<bf16> x(64 * 64, "misaligned inp", 1);
+    Fp8Tensor t(kE4M3, 64 * 64);
+    const std::string why = fp8_quantize(t, x.ptr, 64, 64, true, true);
+    printf("  %-30s %s %s\n", what, why.empty() ? "FAIL" : "ok  ", why.empty() ? "NOT REFUSED" : why.c_str());
+    tests.record(!why.empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPT-2's layers at full size: checked against the bf16 GEMMs, then timed.
+
+__global__ void fill_uniform_kernel(bf16* x, size_t n, float scale, uint64_t seed) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const uint64_t z = splitmix64_mix((i + 1) * kSplitMixStep + seed);  // SplitMix64's i-th output from seed
+        x[i] = __float2bfloat16(scale * (float((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f));  // scale U[-1, 1)
+    }
+}
+
+// sums[0] += sum (got - ref)^2, sums[1] += sum ref^2, sums[2] += count of non-finite got.
+template <typename G> __global__ void diff_norms_kernel(double* sums, const G* got, const bf16* ref, size_t n) {
+    double d2 = 0.0, r2 = 0.0, nonfinite = 0.0;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const double g = to_float(got[i]), r = __bfloat162float(ref[i]);
+        if (!isfinite(g)) nonfinite += 1.0;
+        else d2 += (g - r) * (g - r);
+        r2 += r * r;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        d2 += __shfl_xor_sync(0xffffffffu, d2, o);
+        r2 += __shfl_xor_sync(0xffffffffu, r2, o);
+        nonfinite += __shfl_xor_sync(0xffffffffu, nonfinite, o);
+    }
+    if (threadIdx.x % 32 == 0) {
+        atomicAdd(&sums[0], d2);
+        atomicAdd(&sums[1], r2);
+        atomicAdd(&sums[2], nonfinite);
+    }
+}
+// ||got - ref|| / ||ref||, infinity if got has a non-finite element.
+template <typename G> double relative_diff(DeviceBuffer<double>& sums, const G* got, const bf16* ref, size_t n) {
+    cuda_check(cudaMemset(sums.ptr, 0, 3 * sizeof(double)));
+    diff_norms_kernel<G><<<elementwise_blocks(n), 256>>>(sums.ptr, got, ref, n);
+    cuda_check_launch();
+    const std::vector<double> s = sums.download();
+    return s[2] > 0 ? INFINITY : std::sqrt(s[0] / s[1]);
+}
+
+struct Model {
+    const char* name;
+    int C;
+};
+struct Layer {
+    const char* name;
+    int C, OC;
+};
+std::vector<Layer> layers_of(const Model& m) {
+    return {{"qkv", m.C, 3 * m.C}, {"attproj", m.C, m.C}, {"fc", m.C, 4 * m.C}, {"fcproj", 4 * m.C, m.C}};
+}
+
+// Every layer of one model at one row count: inputs, both versions' outputs, the bf16 references.
+struct Gpt2Buffers {
+    DeviceBuffer<bf16> inp, weight, bias, dout, out, out_bf16, dinp, dinp_bf16, dweight_bf16;
+    DeviceBuffer<float> dweight;
+    DeviceBuffer<double> sums;
+    Fp8Layer fp8;
+    Gpt2Buffers(int N, int C)
+        : inp(size_t(N) * 4 * C, "inp"), weight(size_t(4) * C * C, "weight"), bias(4 * C, "bias"), dout(size_t(N) * 4 * C, "dout"),
+          out(size_t(N) * 4 * C, "out"), out_bf16(size_t(N) * 4 * C, "out bf16"), dinp(size_t(N) * 4 * C, "dinp"),
+          dinp_bf16(size_t(N) * 4 * C, "dinp bf16"), dweight_bf16(size_t(4) * C * C, "dweight bf16"), dweight(size_t(4) * C * C, "dweight"),
+          sums(3, "norm sums"), fp8(size_t(N) * 4 * C, size_t(4) * C * C, size_t(N) * 4 * C) {}
+};
+
+// Times of one layer, ms: [0] fwd, [1] dinp, [2] dweight, [3] the layer (for v2: each tensor cast once).
+struct LayerTimes {
+    std::string layer;
+    int N = 0, C = 0, OC = 0;
+    float v1[4] = {}, v2[4] = {}, v2_casts[3] = {}, v3[3] = {};
+    double err[3] = {};
+};
+
+// The layer at N rows against the bf16 GEMMs (bound 2's iid value plus both GEMMs' own terms; see the
+// top comment) and two runs bit for bit; then, with timing, every time of the benchmark table.
+void gpt2_layer(TestCounter& tests, Gpt2Buffers& B, const Model& model, const Layer& L, int N, Rng& rng, LayerTimes* timing) {
+    const int C = L.C, OC = L.OC;
+    const std::string what = strf("%s %-7s %5d rows", model.name, L.name, N);
+    // Operands: inp U(+-1), weight U(+-0.02) (GPT-2's init scale), bias U(+-0.1), dout U(+-1e-4).
+    fill_uniform_kernel<<<1024, 256>>>(B.inp.ptr, size_t(N) * C, 1.0f, rng.next());
+    fill_uniform_kernel<<<1024, 256>>>(B.weight.ptr, size_t(OC) * C, 0.02f, rng.next());
+    fill_uniform_kernel<<<1024, 256>>>(B.bias.ptr, OC, 0.1f, rng.next());
+    fill_uniform_kernel<<<1024, 256>>>(B.dout.ptr, size_t(N) * OC, 1e-4f, rng.next());
+    cuda_check_launch();
+    auto v1_fwd = [&] { matmul_forward(B.out_bf16.ptr, B.inp.ptr, B.weight.ptr, B.bias.ptr, N, C, OC); };
+    auto v1_dinp = [&] { matmul_backward<bf16>(B.dinp_bf16.ptr, nullptr, nullptr, B.dout.ptr, B.inp.ptr, B.weight.ptr, N, C, OC); };
+    auto v1_dweight = [&] { matmul_backward<bf16>(nullptr, B.dweight_bf16.ptr, nullptr, B.dout.ptr, B.inp.ptr, B.weight.ptr, N, C, OC); };
+    v1_fwd(), v1_dinp();
+    cuda_check(cudaMemset(B.dweight_bf16.ptr, 0, size_t(OC) * C * sizeof(bf16)));
+    v1_dweight();
+    unsigned long long hashes[2][3];
+    std::string why;
+    for (int run = 0; run < 2; run++) {
+        B.out.poison(), B.dinp.poison(), B.fp8.poison();
+        cuda_check(cudaMemset(B.dweight.ptr, 0, size_t(OC) * C * sizeof(float)));
+        why = fp8_layer(B.fp8, 2, B.out.ptr, B.dinp.ptr, B.dweight.ptr, B.inp.ptr, B.weight.ptr, B.bias.ptr, B.dout.ptr, N, C, OC);
+        if (!why.empty()) break;
+        hashes[run][0] = hash_bits(B.out.ptr, size_t(N) * OC, 0);
+        hashes[run][1] = hash_bits(B.dinp.ptr, size_t(N) * C, 0);
+        hashes[run][2] = hash_bits(B.dweight.ptr, size_t(OC) * C, 0);
+        if (run > 0) continue;
+        double errs[3] = {relative_diff(B.sums, B.out.ptr, B.out_bf16.ptr, size_t(N) * OC),
+                          relative_diff(B.sums, B.dinp.ptr, B.dinp_bf16.ptr, size_t(N) * C),
+                          relative_diff(B.sums, B.dweight.ptr, B.dweight_bf16.ptr, size_t(OC) * C)};
+        if (timing) std::copy(errs, errs + 3, timing->err);
+        // Bound: sqrt((ua^2 + ub^2) / 3) 1.1 + both sides' bf16 rounding (2^-8 / sqrt 3; dweight in fp32 on
+        // the FP8 side) + the FP8 GEMM's accumulation (2^-10 split, ceil(K/32) 2^-13 fast; bound 1).
+        const double rms8 = std::ldexp(1.0, -8) / std::sqrt(3.0);
+        const double quant_fwd = 1.1 * std::sqrt(2.0 / 3.0) / 16, quant_bwd = 1.1 * std::sqrt(5.0 / 3.0) / 16;
+        const double bounds[3] = {quant_fwd + 2 * rms8 + ((C + 31) / 32) * std::ldexp(1.0, -13),
+                                  quant_bwd + 2 * rms8 + std::ldexp(1.0, -10), quant_bwd + rms8 + std::ldexp(1.0, -10)};
+        const char* names[3] = {"fwd", "dinp", "dweight"};
+        printf("  %-24s |v2 - v1| / |v1|:", what.c_str());
+        for (int g = 0; g < 3; g++) {
+            const bool good = errs[g] <= bounds[g];
+            printf(" %s %.4f (bound %.4f) %s", names[g], errs[g], bounds[g], good ? "ok  " : "FAIL");
+            tests.record(good);
+        }
+        printf("\n");
+    }
+    if (!why.empty()) {
+        printf("  %-24s FAIL refused: %s\n", what.c_str(), why.c_str());
+        tests.fail_one();
+        return;
+    }
+    const bool same = std::memcmp(hashes[0], hashes[1], sizeof(hashes[0])) == 0;
+    printf("  %-24s two runs of v2: %s\n", what.c_str(), same ? "ok   the same bits" : "FAIL different bits");
+    tests.record(same);
+    if (!timing) return;
+
+    // Timing. The FP8 copies of the check's last run are in place for the GEMMs alone.
+    timing->layer = L.name, timing->N = N, timing->C = C, timing->OC = OC;
+    Fp8Layer& F = B.fp8;
+    timing->v1[0] = time_median_ms(v1_fwd);
+    timing->v1[1] = time_median_ms(v1_dinp);
+    timing->v1[2] = time_median_ms(v1_dweight);
+    timing->v1[3] = time_median_ms([&] { v1_fwd(), v1_dinp(), v1_dweight(); });
+    timing->v2[0] = time_median_ms([&] { fp8_forward(B.out.ptr, F.inp, F.weight, B.bias.ptr, true); });
+    timing->v2[1] = time_median_ms([&] { fp8_backward_input(B.dinp.ptr, F.dout, F.weight, false); });
+    timing->v2[2] = time_median_ms([&] { fp8_backward_weight(B.dweight.ptr, F.dout, F.inp, false); });
+    timing->v3[1] = time_median_ms([&] { fp8_backward_input(B.dinp.ptr, F.dout, F.weight, true); });
+    timing->v3[2] = time_median_ms([&] { fp8_backward_weight(B.dweight.ptr, F.dout, F.inp, true); });
+    timing->v3[0] = timing->v2[0];
+    timing->v2_casts[0] = time_median_ms([&] {
+        fp8_quantize(F.inp, B.inp.ptr, N, C, true, false);
+        fp8_quantize(F.weight, B.weight.ptr, OC, C, true, false);
+        fp8_forward(B.out.ptr, F.inp, F.weight, B.bias.ptr, true);
+    });
+    timing->v2_casts[1] = time_median_ms([&] {
+        fp8_quantize(F.dout, B.dout.ptr, N, OC, true, false);
+        fp8_quantize(F.weight, B.weight.ptr, OC, C, false, true);
+        fp8_backward_input(B.dinp.ptr, F.dout, F.weight, false);
+    });
+    timing->v2_casts[2] = time_median_ms([&] {
+        fp8_quantize(F.inp, B.inp.ptr, N, C, false, true);
+        fp8_quantize(F.dout, B.dout.ptr, N, OC, false, true);
+        fp8_backward_weight(B.dweight.ptr, F.dout, F.inp, false);
+    });
+    timing->v2[3] = time_median_ms([&] {
+        fp8_layer(F, 2, B.out.ptr, B.dinp.ptr, B.dweight.ptr, B.inp.ptr, B.weight.ptr, B.bias.ptr, B.dout.ptr, N, C, OC);
+    });
+}
+
+void print_table(const Model& model, int N, const std::vector<LayerTimes>& rows) {
+    printf("\n%s (C %d), %d rows: ms, median of 50 after 10 warm-ups (TFLOP/s = 2 m n k / time); x = v1's time / this one's\n",
+           model.name, model.C, N);
+    printf("%-8s %-8s %6s %6s %6s | %-16s | %-16s %5s | %-10s %5s | %-9s %5s | %s\n", "layer", "GEMM", "m", "n", "k", "v1 bf16",
+           "v2 FP8 GEMM", "x", "v2 + casts", "x", "v3 GEMM", "x", "|v2 - v1| / |v1|");
+    const char* gemms[3] = {"fwd", "dinp", "dweight"};
+    for (const LayerTimes& t : rows) {
+        const int C = t.C, OC = t.OC;
+        const int dims[3][3] = {{OC, N, C}, {C, N, OC}, {C, OC, N}};
+        const double flops = 2.0 * N * double(C) * OC;
+        auto tf = [&](float ms, double f) { return f / (ms * 1e-3) / 1e12; };
+        for (int g = 0; g < 3; g++) {
+            printf("%-8s %-8s %6d %6d %6d | %8.4f (%5.0f) | %8.4f (%5.0f) %5.2f | %10.4f %5.2f | ", t.layer.c_str(), gemms[g], dims[g][0],
+                   dims[g][1], dims[g][2], t.v1[g], tf(t.v1[g], flops), t.v2[g], tf(t.v2[g], flops), t.v1[g] / t.v2[g], t.v2_casts[g],
+                   t.v1[g] / t.v2_casts[g]);
+            if (g == 0) printf("%-9s %5s | %.4f\n", "(= v2)", "", t.err[g]);
+            else printf("%9.4f %5.2f | %.4f\n", t.v3[g], t.v1[g] / t.v3[g], t.err[g]);
+        }
+        const float v2_sum = t.v2[0] + t.v2[1] + t.v2[2], v3_sum = t.v3[0] + t.v3[1] + t.v3[2];
+        printf("%-8s %-8s %6s %6s %6s | %8.4f (%5.0f) | %8.4f (%5.0f) %5.2f | %10.4f %5.2f | %9.4f %5.2f | (layer: the GEMMs, or "
+               "each tensor cast once)\n",
+               t.layer.c_str(), "layer", "", "", "", t.v1[3], tf(t.v1[3], 3 * flops), v2_sum, tf(v2_sum, 3 * flops), t.v1[3] / v2_sum,
+               t.v2[3], t.v1[3] / t.v2[3], v3_sum, t.v1[3] / v3_sum);
+    }
+}
+
+struct BlockSummary {
+    std::string model;
+    int N;
+    double v1 = 0, v2 = 0, v2_casts = 0, v3 = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+void usage(FILE* f) {
+    fprintf(f,
+            "usage: matmul_fp8 [--check] [--force] [--rows R[,R..]] [--model d12|d48|all]\n"
+            "  --check      validation only: versions 2 and 3 at small shapes against the float64 reference, the\n"
+            "               refusals, and d12's and d48's layers at 8192 rows against version 1 (CI)\n"
+            "  --force      benchmark even when validation failed (it says so)\n"
+            "  --rows L     the benchmark's rows, comma-separated multiples of 16 (default 65536,8192)\n"
+            "  --model M    benchmark d12 (C 768), d48 (C 1600) or all (default)\n"
+            "  -h           this message\n"
+            "versions (all in every table): 1 bf16 (matmul.cuh), 2 FP8 with fast accumulation in the forward only,\n"
+            "3 FP8 with fast accumulation in all three GEMMs\n");
+}
+
+int main(int argc, char** argv) {
+    bool check = false, force = false;
+    std::vector<int> rows = {65536, 8192};
+    std::vector<Model> models = {{"d12", 768}, {"d48", 1600}};
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        auto value = [&] { return flag_value(argc, argv, i, usage); };
+        if (a == "-h" || a == "--help") {
+            usage(stdout);
+            return 0;
+        } else if (a == "--check") {
+            check = true;
+        } else if (a == "--force") {
+            force = true;
+        } else if (a == "--rows") {
+            rows.clear();
+            std::stringstream list(value());
+            for (std::string r; std::getline(list, r, ',');) {
+                rows.push_back(parse_int(r.c_str(), "--rows", 16, usage));
+                if (rows.back() % 16) fail("--rows: %d is not a multiple of 16 (FP8 GEMMs need it)", rows.back());
+            }
+            if (rows.empty()) {
+                usage(stderr);
+                fail("--rows needs at least one row count");
+            }
+        } else if (a == "--model") {
+            const std::string m = value();
+            if (m == "d12") models = {{"d12", 768}};
+            else if (m == "d48") models = {{"d48", 1600}};
+            else if (m != "all") {
+                usage(stderr);
+                fail("--model must be d12, d48 or all, got '%s'", m.c_str());
+            }
+        } else {
+            usage(stderr);
+            fail("unknown flag '%s'", a.c_str());
+        }
+    }
+    const bool gpu = cuda_device_available();
+    if (!check && !gpu) fail("no CUDA device: the benchmark needs a GPU (--check alone reports skips)");
+    TestCounter tests;
+    printf("host FP8 helpers (the reference's rounding):\n");
+    check_host_helpers(tests);
+    std::string device = "no CUDA device";
+    if (gpu) {
+        cudaDeviceProp prop;
+        cuda_check(cudaGetDeviceProperties(&prop, 0));
+        device = strf("%s (compute capability %d.%d), cuBLASLt %zu", prop.name, prop.major, prop.minor, cublasLtGetVersion());
+        if (prop.major * 10 + prop.minor < 89) {
+            const std::string why = strf("FP8 GEMMs need compute capability 8.9 or newer; %s", device.c_str());
+            if (!check) fail("%s", why.c_str());
+            printf("matmul_fp8 validation: skipped (%s)\n", why.c_str());
+            tests.skipped++;
+            return tests.finish();
+        }
+        blas_init(size_t(std::max(65536, *std::max_element(rows.begin(), rows.end()))));
+    }
+    printf("device: %s\n", device.c_str());
+
+    // Validation, small shapes: every dimension a multiple of 16; cast tiles (64) and cuBLASLt's tiles
+    // partial; GPT-2's C, 3C and 4C; the forward's K up to 6400 and dweight's up to 65536.
+    printf("\nvalidation, small shapes (every element against the float64 reference; bounds: top comment):\n");
+    Rng rng(1234);
+    const Shape shapes[] = {{16, 16, 16},  {48, 32, 80},    {208, 144, 400}, {64, 768, 2304},  {64, 3072, 768},
+                            {16, 1600, 4800}, {16, 6400, 1600}, {1024, 64, 48}, {65536, 32, 48}};
+    for (const Shape& sh : shapes) check_shape(tests, gpu, sh, rng);
+    printf("\nrefusals:\n");
+    check_refusals(tests, gpu);
+
+    std::vector<BlockSummary> blocks;
+    auto gpt2 = [&](int N, bool timing) {
+        for (const Model& m : models) {
+            Gpt2Buffers B(N, m.C);
+            std::vector<LayerTimes> times;
+            for (const Layer& L : layers_of(m)) {
+                LayerTimes t;
+                gpt2_layer(tests, B, m, L, N, rng, timing ? &t : nullptr);
+                if (timing && t.N) times.push_back(t);
+            }
+            if (!timing || times.size() != 4) continue;
+            print_table(m, N, times);
+            BlockSummary s{m.name, N};
+            for (const LayerTimes& t : times)
+                s.v1 += t.v1[3], s.v2 += t.v2[0] + t.v2[1] + t.v2[2], s.v2_casts += t.v2[3], s.v3 += t.v3[0] + t.v3[1] + t.v3[2];
+            blocks.push_back(s);
+        }
+    };
+    auto print_summary = [&] {
+        printf("\nsummary (%s)\n", device.c_str());
+        printf("  validation, small shapes: the worst error / its bound over %zu shapes (bounds 1 and 2 of the top comment)\n",
+               std::size(shapes));
+        printf("    %-34s %18s %18s\n", "version, GEMM, A x B, accumulation", "vs dequantized:", "vs bf16 inputs:");
+        printf("    %-34s %9s %8s %9s %8s\n", "", "norm", "element", "norm", "element");
+        if (g_worst.empty()) printf("    (none ran)\n");
+        for (const auto& [label, w] : g_worst) printf("    %-34s %9.3f %8.3f %9.3f %8.3f\n", label.c_str(), w[0], w[1], w[2], w[3]);
+        if (!blocks.empty()) {
+            printf("  speed: a block's four linear layers, forward and backward, ms (x = v1's time / this one's)\n");
+            printf("    %-5s %6s %9s %16s %16s %16s %s\n", "model", "rows", "v1 bf16", "v2 GEMMs", "v2 + casts", "v3 GEMMs",
+                   "casts' share of v2 + casts");
+            for (const BlockSummary& s : blocks)
+                printf("    %-5s %6d %9.3f %9.3f (%4.2f) %9.3f (%4.2f) %9.3f (%4.2f) %5.1f%%\n", s.model.c_str(), s.N, s.v1, s.v2,
+                       s.v1 / s.v2, s.v2_casts, s.v1 / s.v2_casts, s.v3, s.v1 / s.v3, 100.0 * (s.v2_casts - s.v2) / s.v2_casts);
+        }
+        if (gpu)
+            printf("  cuBLASLt plans tuned: %zu, %zu of them kept a candidate other than the heuristic's first (same bits)\n",
+                   blas().tuned_plans, blas().tuned_changed);
+    };
+
+    if (check) {
+        printf("\nvalidation, GPT-2's layers at 8192 rows (v2 against v1, bf16; two runs):\n");
+        if (gpu) gpt2(8192, false);
+        else
+            for (const Model& m : models)
+                for (const Layer& L : layers_of(m)) tests.skip(strf("%s %s 8192 rows vs v1", m.name, L.name).c_str());
+        print_summary();
+        return tests.finish();
+    }
+    if (tests.failed && !force) {
+        tests.finish();
+        fail("validation failed: no benchmark (--force benchmarks anyway)");
+    }
+    if (tests.failed) printf("VALIDATION FAILED (%d): benchmarking anyway (--force)\n", tests.failed);
+    for (int N : rows) {
+        printf("\nGPT-2's layers at %d rows: checked (v2 against v1, two runs), then timed\n", N);
+        gpt2(N, true);
+    }
+    print_summary();
+    return tests.finish();
+}
