@@ -38,6 +38,9 @@
 
 constexpr int32_t kModelFileMagic = 20251101, kModelFileVersion = 1;
 constexpr int32_t kTrainStateMagic = 20251103, kTrainStateVersion = 2;
+// The unit of a state file's data position: sequences of T+1 tokens (dataloader.h), or, in files
+// written before the unit was recorded, windows of B*T+1 tokens starting every B*T.
+constexpr int32_t kCursorWindows = 0, kCursorSequences = 1;
 constexpr int32_t kLlmcModelMagic = 20240326, kLlmcModelFp32 = 3, kLlmcModelBf16 = 5;
 constexpr int HEADER_INTS = 256;
 
@@ -61,7 +64,7 @@ struct TrainStateHeader {
     uint32_t crc = 0;  // crc32 of the header (with this field 0) and the three arrays
     int32_t unused6[2] = {};
     uint64_t num_params = 0;
-    uint64_t loader_epoch = 0, loader_cursor = 0;
+    uint64_t loader_epoch = 0, loader_cursor = 0;  // the data position (dataloader.h), in cursor_unit
     uint64_t sampler_rng = 0;
     int64_t seed = 0;          // -sd
     int32_t shuffle = 0;       // -sh
@@ -70,7 +73,8 @@ struct TrainStateHeader {
     int32_t gelu_fusion = 0, recompute = 0;  // -ge, -r
     uint64_t total_batch = 0;  // tokens per step (0 in files written before it was recorded)
     int32_t head = 0;  // the LM head: 1 the logits and the classifier, 2 the exp head, 0 not recorded (the logits)
-    int32_t unused27[229] = {};
+    int32_t unused27[228] = {};
+    int32_t cursor_unit = 0;  // loader_cursor's unit: kCursorSequences, or kCursorWindows (0: files from before it)
 };
 
 // test_gpt's input, written by gpt_reference.py state: one batch, the logits, the loss and every
@@ -91,7 +95,7 @@ static_assert(sizeof(LlmcModelHeader) == HEADER_INTS * 4, "llm.c model file head
 static_assert(sizeof(TrainStateHeader) == HEADER_INTS * 4 && offsetof(TrainStateHeader, crc) == 5 * 4 &&
                   offsetof(TrainStateHeader, num_params) == 8 * 4 && offsetof(TrainStateHeader, seed) == 16 * 4 &&
                   offsetof(TrainStateHeader, data_tokens) == 20 * 4 && offsetof(TrainStateHeader, total_batch) == 24 * 4 &&
-                  offsetof(TrainStateHeader, head) == 26 * 4,
+                  offsetof(TrainStateHeader, head) == 26 * 4 && offsetof(TrainStateHeader, cursor_unit) == 255 * 4,
               "state file header");
 
 // ---------------------------------------------------------------------------------------------
@@ -222,14 +226,16 @@ inline std::string hugging_face_hint(const std::string& path) {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints of a run folder: model_SSSSSSSS.bin and state_SSSSSSSS.bin.
 //
-// The run setup (B, T, seed, shuffle, training data, tokens per step) is recorded because the data
+// The run setup (T, seed, shuffle, training data, tokens per step) is recorded because the data
 // position means nothing under another one: resuming with a different setup is an error, never a
-// silent change of the data order. Another -ge or -r is allowed (a run may need -r 1 to fit a
-// smaller GPU) with a warning: it rounds differently.
+// silent change of the data order. B is recorded too, but the data order does not depend on it (nor
+// on the number of GPUs), so a run may resume with another. Another -ge or -r is allowed (a run may
+// need -r 1 to fit a smaller GPU) with a warning: it rounds differently.
 
 struct TrainState {
     int step = 0;  // completed optimizer steps
-    uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;
+    uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;  // the data position in sequences
+    bool shuffled_windows = false;  // an older file's position in a shuffled epoch of windows: no sequence continues it
     // The run setup the state belongs to.
     int B = 0, T = 0, shuffle = 0, gelu_fusion = 0, recompute = 0;
     int head = 0;  // as TrainStateHeader::head
@@ -253,6 +259,7 @@ inline TrainStateHeader state_header(const TrainState& st, size_t num_params) {
     h.seed = st.seed, h.shuffle = st.shuffle, h.data_crc = st.data_crc, h.data_tokens = st.data_tokens;
     h.gelu_fusion = st.gelu_fusion, h.recompute = st.recompute;
     h.total_batch = st.total_batch, h.head = st.head;
+    h.cursor_unit = kCursorSequences;
     return h;
 }
 
@@ -262,6 +269,10 @@ inline void state_from_header(const TrainStateHeader& h, TrainState& st) {
     st.seed = h.seed, st.shuffle = h.shuffle, st.data_crc = h.data_crc, st.data_tokens = h.data_tokens;
     st.gelu_fusion = h.gelu_fusion, st.recompute = h.recompute;
     st.total_batch = h.total_batch, st.head = h.head;
+    // An older file counts windows of B*T tokens: window i is sequences [i B, i B + B), so an epoch
+    // in order converts exactly; a shuffled one is a permutation of windows, which none continues.
+    st.shuffled_windows = h.cursor_unit == kCursorWindows && h.shuffle;
+    if (h.cursor_unit == kCursorWindows && !h.shuffle) st.loader_cursor = h.loader_cursor * uint64_t(h.B);
 }
 
 inline uint32_t state_crc(const TrainStateHeader& header, const std::vector<float>& params, const std::vector<float>& adam_m,
@@ -376,7 +387,7 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     TrainStateHeader h;
     const uint64_t expected = sizeof(h) + 3 * uint64_t(n) * sizeof(float);
     if (f.size < sizeof(h) || !f.read_at(0, &h, sizeof(h), error) || h.magic != kTrainStateMagic ||
-        h.version != kTrainStateVersion) {
+        h.version != kTrainStateVersion || (h.cursor_unit != kCursorWindows && h.cursor_unit != kCursorSequences)) {
         *error = "'" + path + "' is not a training-state file of this version";
         return false;
     }

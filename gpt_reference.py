@@ -1299,7 +1299,7 @@ def cmd_generate(args):
 # steps and validation.
 
 class TokenStream:
-    """Token files concatenated in path order, read where a window needs them (memory-mapped)."""
+    """Token files concatenated in path order, read where a sequence needs them (memory-mapped)."""
 
     def __init__(self, parts):
         self.parts = parts
@@ -1341,33 +1341,40 @@ def read_token_files(pattern, V, flag):
 
 
 class DataLoader:
-    """Window i = tokens [i*B*T, i*B*T + B*T + 1): inputs its first B*T, targets shifted by one. An
-    epoch visits the windows in order, or with shuffling in a Fisher-Yates permutation drawn from
-    Rng(seed * GOLDEN + epoch); next() rolls into the next epoch."""
+    """Sequence j = tokens [j*T, j*T + T + 1): inputs its first T, targets shifted by one. An epoch
+    has (tokens - 1) // T of them and visits them in order, or with shuffling in a Fisher-Yates
+    permutation drawn from Rng(seed * GOLDEN + epoch); the next epoch follows without a gap. A step
+    takes the next d/T sequences, so which ones does not depend on B (dataloader.h)."""
 
-    def __init__(self, tokens, B, T, shuffle, seed, what):
-        if len(tokens) < B * T + 1:
-            raise Error(f"{what} has {len(tokens)} tokens, fewer than B*T+1 = {B * T + 1} (use a smaller -b or -t)")
-        self.tokens, self.B, self.T, self.shuffle, self.seed = tokens, B, T, shuffle, seed
-        self.windows = (len(tokens) - 1) // (B * T)
+    def __init__(self, tokens, T, shuffle, seed, what, min_sequences=1):
+        need = min_sequences * T + 1
+        if len(tokens) < need:
+            raise Error(f"{what} has {len(tokens)} tokens, fewer than the {need} that a step's {min_sequences} "
+                        f"sequences of T+1 = {T + 1} tokens span (use a smaller -t or -d; -d defaults to B*T)")
+        self.tokens, self.T, self.shuffle, self.seed = tokens, T, shuffle, seed
+        self.sequences = (len(tokens) - 1) // T
         self.seek(0, 0)
 
     def seek(self, epoch, cursor):
         self.epoch, self.cursor = epoch, cursor
-        self.order = list(range(self.windows))
+        self.order = list(range(self.sequences))
         if self.shuffle:
             rng = Rng(self.seed * GOLDEN + epoch)
-            for i in range(self.windows - 1, 0, -1):
+            for i in range(self.sequences - 1, 0, -1):
                 j = rng.next() % (i + 1)
                 self.order[i], self.order[j] = self.order[j], self.order[i]
 
-    def next(self):
-        if self.cursor >= self.windows:
-            self.seek(self.epoch + 1, 0)
-        start = self.order[self.cursor] * self.B * self.T
-        self.cursor += 1
-        window = torch.from_numpy(self.tokens[start:start + self.B * self.T + 1].astype(np.int64))
-        return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
+    def next(self, rows):
+        """The next `rows` sequences as (rows, T) inputs and targets."""
+        picked = []
+        for _ in range(rows):
+            if self.cursor >= self.sequences:
+                self.seek(self.epoch + 1, 0)
+            picked.append(self.order[self.cursor])
+            self.cursor += 1
+        T = self.T
+        batch = torch.from_numpy(np.stack([self.tokens[j * T:j * T + T + 1] for j in picked]).astype(np.int64))
+        return batch[:, :-1], batch[:, 1:]
 
 
 def learning_rate(a, step):
@@ -1461,24 +1468,23 @@ def cmd_train(a):
         raise Error(f"-d {a.d}: the total batch size must be a multiple of B*T = {a.b * a.t}")
     accum = total_batch // (a.b * a.t)
     train_tokens, train_paths = read_token_files(a.i, cfg.V, "-i")
-    train = DataLoader(train_tokens, a.b, a.t, a.sh == 1, a.sd, f"-i '{a.i}'")
-    val, val_batches = None, 0
+    train = DataLoader(train_tokens, a.t, a.sh == 1, a.sd, f"-i '{a.i}'", total_batch // a.t)
+    val, val_sequences = None, 0
     if a.v > 0:  # -v 0 never validates: the files are not needed
         val_tokens, _ = read_token_files(a.j, cfg.V, "-j")
-        rows = min(a.b, (len(val_tokens) - 1) // a.t)  # a small validation file serves fewer rows
-        if rows < 1:
+        if len(val_tokens) < a.t + 1:
             raise Error(f"validation data '{a.j}' has {len(val_tokens)} tokens, fewer than T+1 = {a.t + 1} "
                         f"(use a smaller -t, or -v 0)")
-        val = DataLoader(val_tokens, rows, a.t, False, 0, f"-j '{a.j}'")
-        val_batches = min(a.m, val.windows)
+        val = DataLoader(val_tokens, a.t, False, 0, f"-j '{a.j}'")
+        val_sequences = min(a.m * (total_batch // a.t), val.sequences)  # the first ones; all if fewer
     if a.s:
         print("note: -s is accepted for train_gpt's command lines; the reference draws no samples "
               "(gpt_reference.py generate does)")
     print(f"reference: PyTorch {torch.__version__} on {device}, fp32 (TF32 off) | model {cfg}, "
           f"{num_real_params(cfg)} parameters")
     print(f"batch: B={a.b} T={a.t}, total {total_batch} tokens per step ({accum} micro-steps) | train "
-          f"{len(train_tokens)} tokens ({train.windows} windows, {len(train_paths)} file"
-          f"{'s' * (len(train_paths) != 1)}), val {len(val.tokens) if val else 0} tokens ({val_batches} batches)")
+          f"{len(train_tokens)} tokens ({train.sequences} sequences, {len(train_paths)} file"
+          f"{'s' * (len(train_paths) != 1)}), val {len(val.tokens) if val else 0} tokens ({val_sequences} sequences)")
     params = []  # (parameter, AdamW m, AdamW v, decayed)
     for name, tensors in checkpoint_tensors(model):
         params += [(t, torch.zeros_like(t), torch.zeros_like(t), name in DECAYED) for t in tensors]
@@ -1495,14 +1501,16 @@ def cmd_train(a):
     last_val, train_loss, bad_steps = float("nan"), float("nan"), 0
 
     def validate(step):
+        """The mean of the first val_sequences sequences' mean losses, in batches of up to B as train_gpt."""
         nonlocal last_val
         val.seek(0, 0)
         total = 0.0
         with torch.no_grad():
-            for _ in range(val_batches):
-                x, y = val.next()
-                total += float(np.float32(model(x.to(device), y.to(device))[1].item()))
-        last_val = np.float32(total / val_batches)
+            for first in range(0, val_sequences, a.b):
+                rows = min(a.b, val_sequences - first)
+                x, y = val.next(rows)
+                total += float(np.float32(model(x.to(device), y.to(device))[1].item())) * rows
+        last_val = np.float32(total / val_sequences)
         print(f"step {step:5d} | val loss {last_val:.6f}")
         if metrics:
             metrics.write(f"{step},,{last_val:.6f},,,,\n")
@@ -1518,7 +1526,7 @@ def cmd_train(a):
                 p.grad = None
             loss_sum = 0.0  # the micro-batches' mean losses, each rounded to float, summed in double
             for _ in range(accum):
-                x, y = train.next()
+                x, y = train.next(a.b)
                 _, loss = model(x.to(device), y.to(device))
                 (loss / accum).backward()  # the gradient of the step's mean loss
                 loss_sum += float(np.float32(loss.item()))
@@ -1696,11 +1704,13 @@ def main(argv=None):
                     help="global gradient-norm clip, 0 = off (default 1.0)")
     tr.add_argument("-v", type=ranged(int, 0, 1 << 30), default=20, metavar="N",
                     help="validation loss every N steps and at the end, 0 = never (default 20)")
-    tr.add_argument("-m", type=ranged(int, 1, 1 << 20), default=20, metavar="N", help="validation batches (default 20)")
+    tr.add_argument("-m", type=ranged(int, 1, 1 << 20), default=20, metavar="N",
+                    help="validation batches of -d tokens: the mean loss of the first N*d/T sequences of -j, or all it "
+                         "holds (default 20)")
     tr.add_argument("-sd", type=ranged(int, 0, 1 << 62), default=1337, metavar="SEED",
                     help="seed of shuffling and of a -e d12-style init (default 1337)")
     tr.add_argument("-sh", type=ranged(int, 0, 1), default=1, metavar="0|1",
-                    help="shuffle the windows each epoch (default 1)")
+                    help="shuffle the sequences each epoch (default 1)")
     tr.add_argument("-s", type=ranged(int, 0, 1 << 30), default=0, metavar="N",
                     help="accepted for train_gpt's command lines; no samples are drawn")
     tr.add_argument("-o", metavar="DIR", help="write DIR/metrics.csv (not over an existing one) and, at the end, "

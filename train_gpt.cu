@@ -1120,11 +1120,13 @@ static void usage(const Options& d) {
            "  -o <dir>    run folder: checkpoints, main.log and metrics.csv (default: none)\n"
            "  -n <int>    checkpoint every N steps, and at the end; 0 = only at the end when -o is set (default %d)\n"
            "  -nk <int>   keep the newest K checkpoints (default %d)\n"
-           "  -y <0|1>    resume from the newest complete checkpoint in -o; an -e given must name its model (default %d)\n"
+           "  -y <0|1>    resume from the newest complete checkpoint in -o; an -e given must name its model, and -t, -d,\n"
+           "              -sd, -sh and the data must be the checkpoint's; -b and the number of GPUs may change (default %d)\n"
            "batch and schedule\n"
            "  -b <int>    micro-batch size B, per GPU (default %d)\n"
            "  -t <int>    sequence length T, at most the model's maxT (default %d)\n"
-           "  -d <int>    total batch size in tokens, a multiple of B*T*GPUs (default B*T*GPUs: no accumulation)\n"
+           "  -d <int>    total batch size in tokens, a multiple of B*T*GPUs (default B*T*GPUs: no accumulation); a step\n"
+           "              trains on d/T sequences of T+1 tokens, the same ones whatever -b and the number of GPUs\n"
            "  -x <int>    optimizer steps, at most 99999999 (checkpoint names hold 8 digits; default %d)\n"
            "  -l <float>  peak learning rate (default %g)\n"
            "  -u <int>    warmup steps, linear from 0 (default %d)\n"
@@ -1135,12 +1137,13 @@ static void usage(const Options& d) {
            "  -c <float>  weight decay of matrices and embeddings (default %g)\n"
            "  -gc <float> global gradient-norm clip, 0 = off (default %g)\n"
            "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
-           "  -sh <0|1>   shuffle the training windows each epoch (default %d)\n"
+           "  -sh <0|1>   shuffle the training sequences each epoch (default %d)\n"
            "validation and samples\n"
            "  -v <int>    validation loss (and -he) every N steps, 0 = never (-he then at the end only) (default %d)\n"
            "  -he <file>  a HellaSwag eval file (data/prepare_hellaswag.py, or llm.c's hellaswag_val.bin): its\n"
            "              acc_norm and acc every -v steps and at the end (default: none)\n"
-           "  -m <int>    validation batches, at most what the data holds (default %d)\n"
+           "  -m <int>    validation batches of -d tokens: the loss is the mean over the first -m * d/T sequences of the\n"
+           "              validation data, or all it holds if fewer, whatever -b and the number of GPUs (default %d)\n"
            "  -s <int>    print a sample every N steps, 0 = never (default %d)\n"
            "  -g <int>    tokens per sample (default %d)\n"
            "  -p <text>   prompt of the samples, after <|endoftext|> (default: none)\n"
@@ -1309,7 +1312,7 @@ struct Run {
     TokenStream train_data, val_data;
     DataLoader train, val;
     RankBatches batches;
-    int val_batches = 0;
+    uint64_t val_sequences = 0;  // validated on: the first of the validation data
     Tokenizer tokenizer;
     bool have_tokenizer = false;
     std::vector<int> sample_context;
@@ -1386,11 +1389,12 @@ static void find_checkpoint(Run& r) {
             fail("the checkpoint of step %d in '%s' holds the model %s; -e %s is %s: resume without -e, or give another -o",
                  st.step, o.out_dir.c_str(), config_text(held).c_str(), o.model.c_str(), config_text(named).c_str());
     }
-    if (st.B != o.B || st.T != o.T || st.seed != o.seed || st.shuffle != o.shuffle)
-        fail("the checkpoint of step %d in '%s' was written with -b %d -t %d -sd %lld -sh %d: resume with the same flags "
-             "(given -b %d -t %d -sd %lld -sh %d)",
-             st.step, o.out_dir.c_str(), st.B, st.T, (long long)st.seed, st.shuffle, o.B, o.T, (long long)o.seed, o.shuffle);
-    // The tokens per step, whatever the number of GPUs (-d's default grows with it).
+    // The data order is the data's, T's, -d's and the seed's (dataloader.h): -b and the number of GPUs may change.
+    if (st.T != o.T || st.seed != o.seed || st.shuffle != o.shuffle)
+        fail("the checkpoint of step %d in '%s' was written with -t %d -sd %lld -sh %d: resume with the same flags "
+             "(given -t %d -sd %lld -sh %d)",
+             st.step, o.out_dir.c_str(), st.T, (long long)st.seed, st.shuffle, o.T, (long long)o.seed, o.shuffle);
+    // The tokens per step, whatever -b and the number of GPUs (-d's default grows with them).
     if (st.total_batch != 0 && st.total_batch != (uint64_t)r.total_batch)
         fail("the checkpoint of step %d in '%s' was written with -d %llu tokens per step, this run has %ld: resume with "
              "-d %llu", st.step, o.out_dir.c_str(), (unsigned long long)st.total_batch, r.total_batch,
@@ -1427,9 +1431,9 @@ static void open_data(Run& r) {
     std::string error;
     if (o.T > c.maxT) fail("-t %d is larger than the model's maximum sequence length %d", o.T, c.maxT);
     if (!r.train_data.open(o.train_path, c.V, &error)) fail("-i %s: %s", o.train_path.c_str(), error.c_str());
-    r.train.init(r.train_data, o.B, o.T, o.shuffle != 0, (uint64_t)o.seed, "-i", (uint64_t)r.dist.world);
+    r.train.init(r.train_data, o.T, o.shuffle != 0, (uint64_t)o.seed, "-i", uint64_t(r.total_batch) / o.T);
     // Small data is read whole now (its fingerprint), so a bad token id fails before any GPU work;
-    // a large corpus is checked as its windows are read.
+    // a large corpus is checked as its sequences are read.
     const uint64_t data_tokens = r.train_data.total;
     const uint32_t data_crc = r.train_data.fingerprint();
     std::string val_path = o.val_path;
@@ -1443,13 +1447,12 @@ static void open_data(Run& r) {
         }
         if (!r.val_data.open(val_path, c.V, &error)) fail("-j %s: %s", val_path.c_str(), error.c_str());
         if (r.val_data.total <= TokenStream::kFullCrcTokens) r.val_data.fingerprint();  // reads (and checks) every token
-        // Validation batches take up to B rows of T tokens: a small validation file (Tiny
-        // Shakespeare's 32,768 tokens) still serves a large B with fewer rows per batch.
-        const int val_rows = (int)std::min<uint64_t>(o.B, (r.val_data.total - 1) / o.T);
-        if (val_rows < 1)
+        // Validation takes the first -m * d/T sequences, or as many as the data holds: a small validation
+        // file (Tiny Shakespeare's 32,768 tokens) still serves with fewer.
+        if (r.val_data.total < uint64_t(o.T) + 1)
             fail("-j %s has %llu tokens, fewer than T+1 = %d (use a smaller -t, or -v 0)", val_path.c_str(),
                  (unsigned long long)r.val_data.total, o.T + 1);
-        r.val.init(r.val_data, val_rows, o.T, false, 0, "-j");
+        r.val.init(r.val_data, o.T, false, 0, "-j");
     }
     if (!o.eval_path.empty()) {
         if (!read_eval_file(o.eval_path, c.V, r.eval_examples, &error)) fail("-he %s: %s", o.eval_path.c_str(), error.c_str());
@@ -1462,20 +1465,25 @@ static void open_data(Run& r) {
             fail("-i '%s' (%llu tokens, fingerprint %08x) is not the training data of the checkpoint of step %d (%llu tokens, "
                  "fingerprint %08x)", o.train_path.c_str(), (unsigned long long)data_tokens, data_crc, st.step,
                  (unsigned long long)st.data_tokens, st.data_crc);
-        if (st.loader_cursor > r.train.windows)  // only a damaged or hand-made state file gets here
-            fail("checkpoint data position %llu is beyond the %llu windows of '%s'", (unsigned long long)st.loader_cursor,
-                 (unsigned long long)r.train.windows, o.train_path.c_str());
+        if (st.shuffled_windows)
+            fail("the checkpoint of step %d in '%s' was written by a version that shuffled windows of B*T tokens, not "
+                 "sequences of T+1: its data order cannot be continued; start a new run from its model (-e %s, another -o)",
+                 st.step, o.out_dir.c_str(), checkpoint_path(o.out_dir, "model", st.step).c_str());
+        if (st.loader_cursor > r.train.sequences)  // only a damaged or hand-made state file gets here
+            fail("checkpoint data position %llu is beyond the %llu sequences of '%s'", (unsigned long long)st.loader_cursor,
+                 (unsigned long long)r.train.sequences, o.train_path.c_str());
         r.train.seek(st.loader_epoch, st.loader_cursor);
         if (r.lead) printf("resuming from step %d in %s\n", st.step, o.out_dir.c_str());
     }
     st.B = o.B, st.T = o.T, st.seed = o.seed, st.shuffle = o.shuffle;
     st.gelu_fusion = o.gelu_fusion, st.recompute = o.recompute;
     st.data_tokens = data_tokens, st.data_crc = data_crc, st.total_batch = (uint64_t)r.total_batch;
-    r.batches.init(r.train, r.dist.rank, r.dist.world, r.accum);
-    r.val_batches = (int)std::min<uint64_t>(o.val_batches, r.val.windows);  // 0 when -v 0
-    if (r.lead && o.val_every > 0 && o.val_batches_given && r.val_batches < o.val_batches)
-        fprintf(stderr, "warning: -m %d: the validation data holds %d batches of %dx%d tokens; validating on those\n",
-                o.val_batches, r.val_batches, r.val.B, o.T);
+    r.batches.init(r.train, o.B, r.dist.rank, r.dist.world, r.accum);
+    const uint64_t val_asked = uint64_t(o.val_batches) * uint64_t(r.total_batch / o.T);
+    r.val_sequences = std::min(val_asked, r.val.sequences);  // 0 when -v 0
+    if (r.lead && o.val_every > 0 && o.val_batches_given && r.val_sequences < val_asked)
+        fprintf(stderr, "warning: -m %d: the validation data holds %llu sequences of T+1 tokens, fewer than -m * d/T = %llu; "
+                "validating on those\n", o.val_batches, (unsigned long long)r.val_sequences, (unsigned long long)val_asked);
 }
 
 // The tokenizer (optional: samples print token ids without it) and the samples' context.
@@ -1606,11 +1614,11 @@ static void print_setup(const Run& r) {
         printf("data parallel: %d ranks (%s), optimizer state sharded (ZeRO-1): %.2f GiB per GPU instead of %.2f\n", r.dist.world,
                r.dist.launcher.c_str(), m.dp.shard * sizeof(float) * state_copies / 1073741824.0,
                m.weights.count * sizeof(float) * state_copies / 1073741824.0);
-    printf("batch: B=%d T=%d x %d GPUs, total %ld tokens per step (%d micro-steps per GPU) | train %llu tokens (%llu windows, "
-           "%zu files), val %llu tokens (%d batches)\n",
+    printf("batch: B=%d T=%d x %d GPUs, total %ld tokens per step (%d micro-steps per GPU) | train %llu tokens (%llu sequences, "
+           "%zu files), val %llu tokens (%llu sequences)\n",
            o.B, o.T, r.dist.world, r.total_batch, r.accum, (unsigned long long)r.train_data.total,
-           (unsigned long long)r.train.windows, r.train_data.shards.size(), (unsigned long long)r.val_data.total, r.val_batches);
-    if (o.val_every > 0 && r.val.B < o.B) printf("validation batches hold %d rows of T (the data is small)\n", r.val.B);
+           (unsigned long long)r.train.sequences, r.train_data.shards.size(), (unsigned long long)r.val_data.total,
+           (unsigned long long)r.val_sequences);
     printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s\n",
            m.memory.bytes / 1073741824.0, m.settings.recompute ? " (-r 1: GELU output of one layer, not L)" : "");
 }
@@ -1625,27 +1633,29 @@ static void exp_head_off(Run& r, int step, const char* what) {
                         "from here on\n", what, step);
 }
 
+// The validation loss: the mean of the first val_sequences sequences' mean losses, the same sequences
+// whatever -b and the number of GPUs. They go in batches of up to B, batch i on rank i % world.
 static void validate(Run& r, int step) {
     GPT& m = r.m;
     Dist& dist = r.dist;
-    const int T = r.o.T;
+    const int B = r.o.B, T = r.o.T;
     double sum = 0.0;
     for (;;) {
-        r.val.seek(0, 0);
         sum = 0.0;
-        for (int i = 0; i < r.val_batches; i++) {  // on several GPUs, batch i on rank i % world
-            r.val.next(r.inputs, r.targets);
-            if (i % dist.world != dist.rank) continue;
-            gpt_set_batch(m, r.inputs.data(), r.targets.data(), r.val.B, T);
-            gpt_forward(m, r.val.B, T, true, 0.0f);
-            sum += gpt_mean_loss(m, r.val.B, T);
+        for (uint64_t first = uint64_t(B) * dist.rank; first < r.val_sequences; first += uint64_t(B) * dist.world) {
+            const int rows = (int)std::min<uint64_t>(B, r.val_sequences - first);
+            r.val.seek(0, first);
+            r.val.next(rows, r.inputs, r.targets);
+            gpt_set_batch(m, r.inputs.data(), r.targets.data(), rows, T);
+            gpt_forward(m, rows, T, true, 0.0f);
+            sum += double(gpt_mean_loss(m, rows, T)) * rows;
             dist_progress(dist);
         }
         sum = dp_sum(dist, sum);
         if (std::isfinite(sum) || !m.exp_head.on) break;
         exp_head_off(r, step, "validation");  // a row it refused: this validation again with the logits
     }
-    r.last_val = (float)(sum / r.val_batches);
+    r.last_val = (float)(sum / r.val_sequences);
     dist_progress(dist);
     if (!r.lead) return;
     printf("step %5d | val loss %.6f\n", step, r.last_val);

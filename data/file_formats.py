@@ -72,7 +72,9 @@ TRAIN_STATE = Header("train_state", TRAIN_STATE_MAGIC, TRAIN_STATE_VERSION, [
     ("step", 2, "i4"), ("B", 3, "i4"), ("T", 4, "i4"), ("crc", 5, "u4"), ("num_params", 8, "u8"),
     ("loader_epoch", 10, "u8"), ("loader_cursor", 12, "u8"), ("sampler_rng", 14, "u8"), ("seed", 16, "i8"),
     ("shuffle", 18, "i4"), ("data_crc", 19, "u4"), ("data_tokens", 20, "u8"), ("gelu_fusion", 22, "i4"),
-    ("recompute", 23, "i4"), ("total_batch", 24, "u8"), ("head", 26, "i4")])
+    ("recompute", 23, "i4"), ("total_batch", 24, "u8"), ("head", 26, "i4"), ("cursor_unit", 255, "i4")])
+# TRAIN_STATE's cursor_unit: what loader_cursor counts (0 in files written before it was recorded).
+CURSOR_WINDOWS, CURSOR_SEQUENCES = 0, 1
 REFERENCE = Header("reference", REFERENCE_MAGIC, REFERENCE_VERSION, [
     ("B", 2, "i4"), ("T", 3, "i4"), ("K", 4, "i4"), ("L", 5, "i4"), ("NH", 6, "i4"), ("C", 7, "i4"),
     ("maxT", 8, "i4"), ("V", 9, "i4"), ("Vp", 10, "i4"), ("lr", 16, "f4"), ("beta1", 17, "f4"),

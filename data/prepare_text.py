@@ -780,7 +780,7 @@ def make_out_dir(out_dir):
 
 
 def validation_warning(val):
-    """train_gpt validates with windows of T+1 tokens: the largest -t a validation split supports."""
+    """train_gpt validates on sequences of T+1 tokens: the largest -t a validation split supports."""
     if not 0 < val <= GPT2_T:
         return None
     fix = f"--val-tokens {GPT2_T + 1} or more gives -t {GPT2_T} (the default), or train with -v 0"

@@ -17,6 +17,17 @@
 //   checkpoint_tool formats DIR            each file format's header with every field set to a value of its own,
 //                                          written to DIR/NAME.bin, and "NAME FIELD VALUE" a field a line
 //                                          (test/test_formats.py compares both with data/file_formats.py)
+//   checkpoint_tool batches TOKENS T D B WORLD SEED SHUFFLE STEPS [EPOCH CURSOR | STATE]
+//                                          what each rank of a run reads (dataloader.h) from the token file
+//                                          TOKENS (vocabulary 65536), STEPS steps from the data position
+//                                          (EPOCH, CURSOR), or a state file's as -y 1 reads it, or the start.
+//                                          Each rank reads as train_step does: the next step's first batch
+//                                          ahead, but before every third step (as before a validation); and
+//                                          after every fourth step's read-ahead it rewinds, as a stop does.
+//                                          Lines: "batch STEP RANK MICRO READS FIRST..." with each row's first
+//                                          token's position (-1: the row is not T tokens in a row, targets
+//                                          one after) and "position STEP EPOCH CURSOR" where no batch is
+//                                          read ahead: what a checkpoint there records (test/test_data_order.py)
 // Every error is one `error: ...` line on stderr and exit code 1.
 #define GPT_NO_MAIN
 #include "train_gpt.cu"
@@ -48,6 +59,47 @@ static void write_header(const std::string& dir, const char* name, const void* h
     if (!write_file_atomic(dir + "/" + name + ".bin", {{header, bytes}}, &error)) fail("%s", error.c_str());
 }
 
+// The batches command. Tokens are their own positions in the test's token files, so a row's tokens
+// say where it was read.
+static void print_batches(const TokenStream& tokens, int T, long D, int B, int world, uint64_t seed, bool shuffle, int steps,
+                          uint64_t epoch, uint64_t cursor) {
+    const int accum = micro_steps_per_rank(D, B, T, world);
+    if (accum == 0) fail("batches: D = %ld is not a multiple of B*T*WORLD = %ld", D, long(B) * T * world);
+    for (int rank = 0; rank < world; rank++) {
+        DataLoader loader;
+        loader.init(tokens, T, shuffle, seed, "TOKENS", uint64_t(D) / T);
+        loader.seek(epoch, cursor);
+        RankBatches batches;
+        batches.init(loader, B, rank, world, accum);
+        std::vector<int> inputs, targets;
+        bool staged = false;
+        int reads = 0;
+        for (int step = 0; step < steps; step++) {
+            for (int micro = 0; micro < accum; micro++) {
+                if (!staged) reads = batches.next(inputs, targets);
+                staged = false;
+                printf("batch %d %d %d %d", step, rank, micro, reads);
+                for (int row = 0; row < B; row++) {
+                    const int* in = inputs.data() + size_t(row) * T;
+                    const int* tg = targets.data() + size_t(row) * T;
+                    bool whole = true;
+                    for (int k = 0; k < T; k++) whole = whole && in[k] == in[0] + k && tg[k] == in[0] + k + 1;
+                    printf(" %d", whole ? in[0] : -1);
+                }
+                printf("\n");
+                const bool last = micro + 1 == accum;
+                if (!last || (step + 1) % 3 != 0) {
+                    if (last) batches.mark();
+                    reads = batches.next(inputs, targets);
+                    staged = true;
+                }
+            }
+            if (staged && (step + 1) % 4 == 0) batches.rewind(), staged = false;
+            if (!staged) printf("position %d %llu %llu\n", step + 1, (unsigned long long)loader.epoch, (unsigned long long)loader.cursor);
+        }
+    }
+}
+
 static void write_formats(const std::string& dir) {
     long long value = 0;
     ModelFileHeader model;
@@ -67,7 +119,7 @@ static void write_formats(const std::string& dir) {
     SET_FIELD("train_state", st, loader_cursor); SET_FIELD("train_state", st, sampler_rng); SET_FIELD("train_state", st, seed);
     SET_FIELD("train_state", st, shuffle); SET_FIELD("train_state", st, data_crc); SET_FIELD("train_state", st, data_tokens);
     SET_FIELD("train_state", st, gelu_fusion); SET_FIELD("train_state", st, recompute);
-    SET_FIELD("train_state", st, total_batch); SET_FIELD("train_state", st, head);
+    SET_FIELD("train_state", st, total_batch); SET_FIELD("train_state", st, head); SET_FIELD("train_state", st, cursor_unit);
     write_header(dir, "train_state", &st, sizeof(st));
     ReferenceHeader ref;
     KEEP_FIELD("reference", ref, magic); KEEP_FIELD("reference", ref, version);
@@ -95,7 +147,7 @@ int main(int argc, char** argv) {
     if (cmd == "-h" || cmd == "--help" || argc < 3) {
         printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp |\n"
                "       schedule KIND PEAK FINAL WARMUP STEPS DECAY | sample LOGITS TEMP TOP_K TOP_P SEED N | evalfile FILE V |\n"
-               "       logs DIR | formats DIR\n");
+               "       logs DIR | formats DIR | batches TOKENS T D B WORLD SEED SHUFFLE STEPS [EPOCH CURSOR | STATE]\n");
         return argc < 3 && cmd != "-h" && cmd != "--help";
     }
     if (cmd == "schedule" && argc == 8) {
@@ -147,6 +199,33 @@ int main(int argc, char** argv) {
         static const char* const inits[] = {"normal", "residual_normal", "ones", "zeros"};
         for (const ParamSpec& s : param_specs(c))
             printf("%s %zu %zu %zu %d %d %s\n", s.name, s.layers, s.rows, s.cols, (int)s.decay, (int)s.per_layer, inits[s.init]);
+        return 0;
+    }
+    if (cmd == "batches" && (argc == 10 || argc == 11 || argc == 12)) {
+        TokenStream tokens;
+        std::string error;
+        if (!tokens.open(argv[2], 65536, &error)) fail("batches: %s", error.c_str());
+        const int T = (int)parse_int_flag("T", argv[3], 1, 65536);
+        const long D = parse_int_flag("D", argv[4], 1, 1 << 30);
+        const int B = (int)parse_int_flag("B", argv[5], 1, 4096), world = (int)parse_int_flag("WORLD", argv[6], 1, 1024);
+        const uint64_t seed = (uint64_t)parse_int_flag("SEED", argv[7], 0, 1l << 62);
+        const bool shuffle = parse_int_flag("SHUFFLE", argv[8], 0, 1) != 0;
+        const int steps = (int)parse_int_flag("STEPS", argv[9], 0, 1 << 20);
+        TrainState st;
+        if (argc == 12) {
+            st.loader_epoch = (uint64_t)parse_int_flag("EPOCH", argv[10], 0, 1l << 62);
+            st.loader_cursor = (uint64_t)parse_int_flag("CURSOR", argv[11], 0, 1l << 62);
+        } else if (argc == 11) {  // the header of a state file, as load_checkpoint takes it
+            InputFile f;
+            TrainStateHeader h;
+            if (!f.open_file(argv[10], &error) || !f.read_at(0, &h, sizeof(h), &error)) fail("batches: %s", error.c_str());
+            state_from_header(h, st);
+            if (st.shuffled_windows) {
+                printf("shuffled windows\n");
+                return 0;
+            }
+        }
+        print_batches(tokens, T, D, B, world, seed, shuffle, steps, st.loader_epoch, st.loader_cursor);
         return 0;
     }
     const std::string dir = argv[2];

@@ -2,9 +2,12 @@
 # Data-parallel training on 2 GPUs of this machine (scripts/launch.sh; NCCL), d12, B=4 T=256, -d 4096:
 #   equivalence   2 GPUs (2 micro-batches each) against 1 GPU (4 micro-batches), 20 steps: every
 #                 step's loss and gradient norm within 1e-5 relative in fp32; in bf16 every step's
-#                 loss and the first step's norm within 1e-2 (see close); the same
-#                 over sockets alone (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: how nodes without
+#                 loss and the first step's norm within 1e-2 (see close in test/compare_steps.sh); the
+#                 same over sockets alone (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: how nodes without
 #                 InfiniBand talk)
+#   split         fp32, the same -d split otherwise: 2 GPUs at -b 8 (one micro-batch each) and at -b 2
+#                 (four) against 1 GPU at -b 4: every step's loss (and the first norm) and every
+#                 validation loss within 1e-5 relative (the same sequences: dataloader.h)
 #   mpirun        where Open MPI is installed: mpirun -np 2 -x GPT_RUN_SECRET prints the fp32 run's step
 #                 lines exactly
 #   the secret    through each launcher: scripts/launch.sh makes one (none set) and its ranks train; a
@@ -20,7 +23,8 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-checks=("equivalence fp32" "equivalence bf16" "mpirun" "mpirun without a secret" "launch.sh makes a secret"
+checks=("equivalence fp32" "equivalence bf16" "split -b 8: steps" "split -b 8: validation" "split -b 2: steps"
+        "split -b 2: validation" "mpirun" "mpirun without a secret" "launch.sh makes a secret"
         "another secret on rank 1" "srun's variables" "srun's variables without a secret" "equivalence over sockets" "determinism"
         "resume on 2" "resume on 1" "kill one rank" "different flags" "more ranks than GPUs")
 passed=0 failed=0 skipped=0
@@ -30,39 +34,16 @@ report() {
 }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-run=(-e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 256 -d 4096 -x 20 -u 5 -l 6e-4 -q 1 -v 10 -m 2 -s 0 -sd 3)
-# Step lines as "step loss norm"; a line whose loss or norm is not a number (nan, inf) is left out,
-# so the step count catches it.
-steps_of() { sed -nE 's/^step +([0-9]+)\/[0-9]+ \| loss ([-0-9.]+) \| norm ([-0-9.]+) .*/\1 \2 \3/p' "$1"; }
-# close NAME A B TOL STEPS WHAT: every step line of log B against log A's line of the same step: B
-# must have exactly STEPS steps, all in A, each within TOL relative. Rounding to the printed digits
-# counts as no difference: each printed value is within half a unit of its last place (losses print
-# 6 decimals, norms 4), so one unit of difference can be rounding alone.
-# WHAT=all: loss and gradient norm at every step. WHAT=loss: the loss at every step, the norm at
-# the first step only. (In bf16 the gradients of two runs that sum their micro-batches in another
-# order differ by bf16 roundings; after a few updates the norm, a sum of squares dominated by a few
-# spiky elements, amplifies that to several percent while the loss stays within ~2e-3: 2 GPUs
-# against 1 differ less than 1 GPU with B=4 against B=8.)
-# On a failure both logs' lines are printed, "-" where a log lacks the step.
-close() {
-    local ok w c
-    read -r ok w c < <(awk -v tol="$4" -v steps="$5" -v what="$6" '
-        NR == FNR { a[$1] = $2 " " $3; next }
-        { n++; if (!($1 in a)) next; split(a[$1], x, " "); c++
-          for (i = 1; i <= (what == "all" || c == 1 ? 2 : 1); i++) {
-              d = x[i] - $(i + 1); d = d < 0 ? -d : d; d -= i == 1 ? 1e-6 : 1e-4; d = d < 0 ? 0 : d
-              ref = $(i + 1) < 0 ? -$(i + 1) : $(i + 1); r = d / (ref == 0 ? 1 : ref); if (r > w) w = r } }
-        END { printf "%d %.2e %d\n", (c == n && c == steps && w <= tol) ? 1 : 0, w, c }' <(steps_of "$2") <(steps_of "$3"))
-    report "$1" "$ok" "worst relative difference $w over $c steps (bound $4$([[ $6 == loss ]] && echo ', losses; norm at the first'))"
-    [[ $ok -eq 1 ]] || join -a1 -a2 -e - -o 0,1.2,1.3,2.2,2.3 <(steps_of "$2" | sort -k1,1) <(steps_of "$3" | sort -k1,1) |
-        sort -n | awk '{ printf "      step %3d  loss %s  %s  norm %s  %s\n", $1, $2, $4, $3, $5 }'
-}
+common=(-e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -t 256 -d 4096 -x 20 -u 5 -l 6e-4 -q 1 -v 10 -m 2 -s 0 -sd 3)
+run=("${common[@]}" -b 4)
+source test/compare_steps.sh  # numeric_steps, numeric_vals, close
 
 # The comparator needs no GPU, so it is checked everywhere, on made-up logs: it must pass a match, a
-# log resumed at step 11, a norm one printed unit off at 1e-5, and (WHAT=loss) a norm off after the
-# first step; it must fail a loss 1.3% off at one step, a norm three units off at 1e-5, a step missing
-# from B or from A, a log that started over instead of resuming, a nan loss, and (WHAT=loss) a norm
-# off at the first step.
+# log resumed at step 11, a norm one printed unit off at 1e-5, (WHAT=loss) a norm off after the
+# first step, and validation losses one printed unit off at 1e-5; it must fail a loss 1.3% off at
+# one step, a norm three units off at 1e-5, a step missing from B or from A, a log that started over
+# instead of resuming, a nan loss, (WHAT=loss) a norm off at the first step, and a validation loss
+# 1e-4 relative off.
 for i in $(seq 1 20); do echo "step $i/20 | loss $((20 + i)).5 | norm 1.$i | lr 1"; done >"$tmp/made_up"
 tail -n 10 "$tmp/made_up" >"$tmp/made_up_resumed"
 sed 's/loss 30.5 /loss 30.9 /' "$tmp/made_up" >"$tmp/made_up_drift"
@@ -72,6 +53,9 @@ sed 's/norm 1.5 /norm 1.9 /' "$tmp/made_up" >"$tmp/made_up_norm_late"
 sed 's/norm 1.5 /norm 1.5001 /' "$tmp/made_up" >"$tmp/made_up_unit"
 sed 's/norm 1.5 /norm 1.5003 /' "$tmp/made_up" >"$tmp/made_up_units"
 sed 's/norm 1.1 /norm 1.9 /' "$tmp/made_up" >"$tmp/made_up_norm_first"
+printf 'step %5d | val loss %s\n' 10 4.250000 20 4.125000 >"$tmp/made_up_vals"
+sed 's/4.125000/4.125001/' "$tmp/made_up_vals" >"$tmp/made_up_vals_unit"
+sed 's/4.125000/4.125400/' "$tmp/made_up_vals" >"$tmp/made_up_vals_drift"
 verdicts=$(passed=0 failed=0
     close match "$tmp/made_up" "$tmp/made_up" 1e-2 20 all
     close resumed "$tmp/made_up" "$tmp/made_up_resumed" 1e-2 10 loss
@@ -83,12 +67,15 @@ verdicts=$(passed=0 failed=0
     close extra "$tmp/made_up_gap" "$tmp/made_up" 1e-2 19 all
     close restarted "$tmp/made_up" "$tmp/made_up" 1e-2 10 loss
     close nan "$tmp/made_up" "$tmp/made_up_nan" 1e-2 20 all
-    close first "$tmp/made_up" "$tmp/made_up_norm_first" 1e-2 20 loss)
+    close first "$tmp/made_up" "$tmp/made_up_norm_first" 1e-2 20 loss
+    close vals "$tmp/made_up_vals" "$tmp/made_up_vals_unit" 1e-5 2 loss vals
+    close valdrift "$tmp/made_up_vals" "$tmp/made_up_vals_drift" 1e-5 2 loss vals)
 # (a refused log is written "refused" here: a reader looking for this test's failures greps for FAIL)
 verdicts=$(grep -oE '^  [a-z]+ +(ok|FAIL)' <<<"$verdicts" | sed 's/FAIL$/refused/' |
     awk '{ printf "%s%s:%s", (NR > 1 ? " " : ""), $1, $2 }')
-expected="match:ok resumed:ok late:ok unit:ok drift:refused units:refused gap:refused extra:refused restarted:refused nan:refused first:refused"
-report "the step comparator on made-up logs: 4 to pass, 7 to fail" "$([[ $verdicts == "$expected" ]] && echo 1 || echo 0)" \
+expected="match:ok resumed:ok late:ok unit:ok drift:refused units:refused gap:refused extra:refused restarted:refused nan:refused"
+expected+=" first:refused vals:ok valdrift:refused"
+report "the step comparator on made-up logs: 5 to pass, 8 to fail" "$([[ $verdicts == "$expected" ]] && echo 1 || echo 0)" \
     "$verdicts"
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -108,6 +95,13 @@ for prec in fp32 bf16; do
     timeout 300 scripts/launch.sh 2 ./train_gpt_$prec "${run[@]}" >"$tmp/two_$prec.log" 2>&1
     close "equivalence $prec: 2 GPUs against 1 GPU with accumulation" "$tmp/two_$prec.log" "$tmp/one_$prec.log" $tol
 done
+# The same -d split otherwise trains on the same sequences and validates on the same ones.
+for b in 8 2; do
+    timeout 300 scripts/launch.sh 2 ./train_gpt_fp32 "${common[@]}" -b $b >"$tmp/split_$b.log" 2>&1
+    close "split fp32: 2 GPUs at -b $b against 1 GPU at -b 4, every step" "$tmp/split_$b.log" "$tmp/one_fp32.log" 1e-5 20 loss
+    close "split fp32: 2 GPUs at -b $b against 1 GPU at -b 4, validation (0, 10, 20)" "$tmp/split_$b.log" "$tmp/one_fp32.log" \
+        1e-5 3 loss vals
+done
 # Open MPI's mpirun starts the same run (the ranks from OMPI_COMM_WORLD_*; they still meet over TCP);
 # it passes on the variables -x names, the run secret among them.
 secret=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
@@ -116,7 +110,7 @@ if mpirun --version 2>&1 | grep -q 'Open MPI'; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     GPT_RUN_SECRET=$secret timeout 300 mpirun -np 2 -x GPT_RUN_SECRET ./train_gpt_fp32 "${run[@]}" >"$tmp/mpi.log" 2>&1
     report "mpirun -np 2 -x GPT_RUN_SECRET: the same printed steps as scripts/launch.sh" \
-        "$(steps_of "$tmp/mpi.log" | grep -q . && cmp -s <(steps_of "$tmp/mpi.log") <(steps_of "$tmp/two_fp32.log") && echo 1 || echo 0)" \
+        "$(numeric_steps "$tmp/mpi.log" | grep -q . && cmp -s <(numeric_steps "$tmp/mpi.log") <(numeric_steps "$tmp/two_fp32.log") && echo 1 || echo 0)" \
         "$(grep -m1 -E '^error|^data parallel' "$tmp/mpi.log")"
     env -u GPT_RUN_SECRET timeout 120 mpirun -np 2 ./train_gpt_bf16 "${short[@]}" >"$tmp/mpi_none.log" 2>&1
     report "mpirun -np 2 without a secret: one line on each rank, no step" \
@@ -155,7 +149,7 @@ srun_style() {  # LOG ENV_ARGS...: 2 ranks of the fp32 run (env's own arguments 
 }
 srun_style "$tmp/srun.log" GPT_RUN_SECRET="$secret"
 report "srun's variables, GPT_RUN_SECRET in the environment: the same printed steps as scripts/launch.sh" \
-    "$(steps_of "$tmp/srun.log" | grep -q . && cmp -s <(steps_of "$tmp/srun.log") <(steps_of "$tmp/two_fp32.log") && echo 1 || echo 0)" \
+    "$(numeric_steps "$tmp/srun.log" | grep -q . && cmp -s <(numeric_steps "$tmp/srun.log") <(numeric_steps "$tmp/two_fp32.log") && echo 1 || echo 0)" \
     "$(cat "$tmp/srun.log" "$tmp/srun.log.1" | grep -m1 -E '^error|^data parallel')"
 srun_style "$tmp/srun_none.log" -u GPT_RUN_SECRET
 report "srun's variables without a secret: one line on each rank, no step" \
@@ -167,7 +161,7 @@ close "equivalence fp32 over sockets (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)" "$
 timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${run[@]}" -o "$tmp/A" -n 10 >"$tmp/a.log" 2>&1
 timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${run[@]}" -o "$tmp/A2" -n 10 >"$tmp/a2.log" 2>&1
 report "determinism: the 2-GPU run twice, the same bits" \
-    "$(cmp -s <(steps_of "$tmp/a.log") <(steps_of "$tmp/a2.log") && cmp -s "$tmp/A/state_00000020.bin" "$tmp/A2/state_00000020.bin" && echo 1 || echo 0)" ""
+    "$(cmp -s <(numeric_steps "$tmp/a.log") <(numeric_steps "$tmp/a2.log") && cmp -s "$tmp/A/state_00000020.bin" "$tmp/A2/state_00000020.bin" && echo 1 || echo 0)" ""
 mkdir -p "$tmp/B" "$tmp/C"
 cp "$tmp/A"/*_00000010.bin "$tmp/B"/ && cp "$tmp/A"/*_00000010.bin "$tmp/C"/
 timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${run[@]}" -o "$tmp/B" -n 10 -y 1 >"$tmp/b.log" 2>&1

@@ -66,29 +66,28 @@ def train_here(ckpt, tokens, val, a):
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=a["l"], betas=(0.9, 0.95), eps=1e-8)
     B, T = a["b"], a["t"]
-    windows = (len(tokens) - 1) // (B * T)
+    sequences = (len(tokens) - 1) // T  # sequence j: tokens [j*T, j*T + T + 1)
 
-    def window_ids():
+    def sequence_ids():
         epoch = 0
         while True:
-            order = list(range(windows))
+            order = list(range(sequences))
             if a["sh"]:
                 draws = splitmix64(a["sd"] * 0x9E3779B97F4A7C15 + epoch)
-                for i in range(windows - 1, 0, -1):
+                for i in range(sequences - 1, 0, -1):
                     j = next(draws) % (i + 1)
                     order[i], order[j] = order[j], order[i]
             yield from order
             epoch += 1
 
-    def batch(data, rows, w):
-        chunk = torch.from_numpy(data[w * rows * T:w * rows * T + rows * T + 1].astype(np.int64))
-        return chunk[:-1].view(rows, T), chunk[1:].view(rows, T)
+    def batch(data, ids):
+        rows = torch.from_numpy(np.stack([data[j * T:j * T + T + 1] for j in ids]).astype(np.int64))
+        return rows[:, :-1], rows[:, 1:]
 
-    def val_loss():
-        rows = min(B, (len(val) - 1) // T)
-        n = min(a["m"], (len(val) - 1) // (rows * T))
+    def val_loss():  # the mean loss of the first -m * d/T sequences, or of all there are
+        n = min(a["m"] * a["d"] // T, (len(val) - 1) // T)
         with torch.no_grad():
-            return sum(model(*batch(val, rows, w))[1].item() for w in range(n)) / n
+            return model(*batch(val, range(n)))[1].item()
 
     def lr_at(step):
         if step < a["u"]:
@@ -97,7 +96,7 @@ def train_here(ckpt, tokens, val, a):
         low = a["l"] * a["q"]
         return low + 0.5 * (a["l"] - low) * (1 + math.cos(math.pi * progress))
 
-    ids, accum = window_ids(), a["d"] // (B * T)
+    ids, accum = sequence_ids(), a["d"] // (B * T)
     losses, norms, lrs, vals = [], [], [], {}
     for step in range(a["x"]):
         if a["v"] and step % a["v"] == 0:
@@ -105,7 +104,7 @@ def train_here(ckpt, tokens, val, a):
         opt.zero_grad()
         total = 0.0
         for _ in range(accum):
-            _, loss = model(*batch(tokens, B, next(ids)))
+            _, loss = model(*batch(tokens, [next(ids) for _ in range(B)]))
             (loss / accum).backward()
             total += loss.item()
         norm = torch.nn.utils.clip_grad_norm_(params, a["gc"] if a["gc"] > 0 else float("inf"))
@@ -184,7 +183,7 @@ def main():
     val = np.where(rng.random(700) < 0.2, rng.integers(0, 500, 700), np.arange(700) * 7 % 97 * 5)
     token_file(p("data", "val.bin"), val)
 
-    runs = [  # the first rolls over into epoch 1 (8 windows of 16x16, 12 micro-batches) and clips (norms > 0.5)
+    runs = [  # the first rolls over into epoch 1 (137 sequences, 6 steps of 32) and clips (norms > 0.5)
         ("shuffled, 2 micro-batches, clip 0.5, epoch rollover",
          dict(b=16, t=16, d=512, x=6, u=2, l=3e-3, q=0.1, c=0.1, gc=0.5, v=3, m=2, sd=7, sh=1)),
         ("in order, no accumulation, clip off, no warm-up",
@@ -236,6 +235,14 @@ def main():
                                    "--device", "cpu"] + flags(a))
             check("the same run on the one concatenated file: the same lines",
                   rc == 0 and parse(out2) == (steps, vals), f"{len(parse(out2)[0])} step lines")
+            # The same sequences whatever B: -b 4 (8 micro-batches a step) trains as -b 16 (2) did.
+            rc, out3, err3 = ref_cli(["train", "-e", ckpt, "-i", p("data", "all.bin"), "-j", p("data", "val.bin"),
+                                      "--device", "cpu"] + flags(dict(a, b=4)))
+            steps4, vals4 = parse(out3)
+            e = max(worst_rel([float(x) for s in steps4 for x in s[2:4]], [float(x) for s in steps for x in s[2:4]]),
+                    worst_rel([vals4[k] for k in sorted(vals4)], [vals[k] for k in sorted(vals)]))
+            check("the same run at -b 4: every loss, norm and validation loss within the bound", rc == 0 and
+                  sorted(vals4) == sorted(vals) and e <= BOUND, err3.strip()[-100:] or f"worst {e:.1e}, bound {BOUND:.0e}")
 
     print("train_gpt's random init (-e d6 / d12 / ...)")
     cfg = ref.Config(L=2, NH=2, C=8, maxT=6, V=37)
@@ -284,7 +291,7 @@ def main():
             ("-t above the model's maxT", ["-t", "17"], "-t 17"),
             ("-i matching no file", ["-i", p("data", "nope_*.bin")], "nope_"),
             ("-i token id >= V", ["-i", p("data", "big_id.bin")], "V=500"),
-            ("-i fewer than B*T+1 tokens", ["-i", p("data", "short.bin")], "B*T+1"),
+            ("-i fewer tokens than a step's sequences span", ["-i", p("data", "short.bin")], "sequences of T+1"),
             ("-j fewer than T+1 tokens", ["-j", p("data", "short.bin")], "T+1"),
             ("-sh 2", ["-sh", "2"], "-sh"),
             ("-l -1", ["-l", "-1"], "-l"),

@@ -8,7 +8,7 @@
 #
 # Runs, on d12 (GPT-2 124M's shape, gpt_reference.py init) and synthetic learnable tokens
 # (test/train_inputs.py, 32,769 training and 8,193 validation tokens):
-#   1. -b 16 -t 64 -d 2048 -x 12 -v 0 -s 0 -sh 0            2 micro-batches a step, windows in order
+#   1. -b 16 -t 64 -d 2048 -x 12 -v 0 -s 0 -sh 0            2 micro-batches a step, sequences in order
 #                                                            (fp32 and bf16)
 #   2. -b 8 -t 64 -d 2048 -x 12 -v 4 -m 2 -s 0 -sh 1 -sd 7 -l 1e-4 -u 2
 #                                                            4 micro-batches, shuffled, validation (fp32);

@@ -8,6 +8,11 @@
 #                    shuffled data wrapping into a second epoch after the resume. -q 1 holds the
 #                    learning rate constant after warm-up, so the schedule does not depend on -x
 #                    (B's first half runs with -x 10).
+#   another -b       (fp32) A's checkpoint of step 10 resumed with -b 8 in place of -b 4 (the same -d: one
+#                    micro-batch a step in place of two): steps 11..20 and the val losses within 1e-5
+#                    relative of A's (test/compare_steps.sh's close: the same sequences, another
+#                    rounding); and a run at -b 8 from the start against A: every step and val loss
+#                    within 1e-5
 #   keep-K           -n 5 -nk 2 -x 20: exactly the checkpoints of steps 15 and 20 remain; -v 0 ends
 #                    without a validation loss
 #   corrupt newest   a byte flipped in A's newest state file: -y 1 warns once (naming the file),
@@ -17,7 +22,8 @@
 #                    7 file operations spread over the step-10 save, then -y 1: the final
 #                    checkpoint and every step line are U's; ENOSPC / EIO in the step-20 save: one
 #                    error line, exit 1, step 10 kept, and -y 1 finishes as U; SIGTERM / SIGINT
-#                    between checkpoints: exit code 75 with a checkpoint of the step it stopped at,
+#                    between checkpoints (as step 7's first batch is read ahead, the read counted by
+#                    checkpoint_tool batches): exit code 75 with a checkpoint of the step it stopped at,
 #                    and -y 1 finishes as U; two signals at once are one stop; a second SIGTERM a
 #                    second later ends the program at once
 #   OOM              -e d12 -b 4096 -t 1024: exit 1, one line `error: out of GPU memory ...` with the
@@ -33,12 +39,12 @@ set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 read -r -a precisions <<<"${PRECISIONS:-fp32 bf16}"  # PRECISIONS="bf16" runs one
-checks=(determinism resume keep-K corrupt-newest faults-and-signals oom non-finite)
+checks=(determinism resume keep-K corrupt-newest faults-and-signals oom non-finite)  # fp32 adds another-b, bf16 exp-head
 passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
     for prec in "${precisions[@]}"; do
-        for check in "${checks[@]}" $([[ $prec == bf16 ]] && echo exp-head); do
+        for check in "${checks[@]}" $([[ $prec == fp32 ]] && echo another-b) $([[ $prec == bf16 ]] && echo exp-head); do
             echo "train_gpt_$prec $check: skipped (no CUDA device)"
             skipped=$((skipped + 1))
         done
@@ -64,6 +70,7 @@ show() { sed 's/^/      | /' "$1" | tail -n "${2:-6}"; }
 steps_of() { sed -nE 's/^step +([0-9]+)\/[0-9]+ \| loss ([^ ]+) \| norm ([^ ]+) .*/\1 \2 \3/p' "$1"; }
 vals_of() { sed -nE 's/^step +([0-9]+) \| val loss ([^ ]+).*/\1 \2/p' "$1"; }
 in_range() { awk -v lo="$1" -v hi="$2" '$1 >= lo && $1 <= hi'; }
+source test/compare_steps.sh  # close: two runs' lines within a relative bound
 # train LOG ARGS...: runs ./$bin with a time limit; stdout in LOG.out, stderr in LOG.err; sets rc
 train() {
     local log=$1
@@ -87,7 +94,7 @@ same() {
 # ---- inputs: learnable synthetic tokens (ids < 1237, so they fit both models), tokenizers, models
 set -e
 gen() { "$PYTHON" test/train_inputs.py "$@"; }
-gen tokens "$tmp/train.bin" 30000            # 29 windows of 1025 at -b 4 -t 256: epoch 2 starts at step 15
+gen tokens "$tmp/train.bin" 30000            # 117 sequences of 257 at -t 256, 8 a step at -d 2048: epoch 2 starts in step 15
 gen tokens "$tmp/val.bin" 6000 --seed 1
 gen tokens "$tmp/big.bin" 4194305 --seed 2   # B*T+1 at -b 4096 -t 1024
 gen tokenizer "$tmp/tok50257.bin" 50257
@@ -113,8 +120,9 @@ EOF
 "$PYTHON" test/train_inputs.py edit "$tmp/small.ckpt" "$tmp/loud.ckpt" --set-float $((1236 * 256))=1e4 --set-int 8=0
 set +e
 
-small_run=(-e "$tmp/small.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 256 -d 2048 -sh 1 -sd 7
+small_common=(-e "$tmp/small.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -t 256 -d 2048 -sh 1 -sd 7
     -l 1e-3 -u 3 -q 1 -v 5 -m 2 -s 0)
+small_run=("${small_common[@]}" -b 4)
 
 for prec in "${precisions[@]}"; do
     bin=train_gpt_$prec
@@ -171,6 +179,21 @@ for prec in "${precisions[@]}"; do
             if cmp -s "$p/A/$f" "$p/B/$f"; then report "[$prec] resume: B's $f = A's, byte for byte" 1 ""
             else report "[$prec] resume: B's $f = A's, byte for byte" 0 "$(cmp "$p/A/$f" "$p/B/$f" 2>&1 | head -n 1)"; fi
         done
+    fi
+
+    # ---- another -b (fp32: bf16's roundings differ more between batch shapes than the bound)
+    if [[ $prec == fp32 ]]; then
+        if [[ -e $p/A/state_00000010.bin ]]; then
+            mkdir -p "$p/E" && cp "$p/A"/*_00000010.bin "$p/E"/
+            train "$p/e" "${small_common[@]}" -b 8 -x 20 -o "$p/E" -n 10 -y 1
+            close "[$prec] another -b: A's step 10 resumed at -b 8, steps 11..20 against A's" "$p/a.out" "$p/e.out" 1e-5 10 loss
+            close "[$prec] another -b: resumed at -b 8, val losses (10, 15, 20) against A's" "$p/a.out" "$p/e.out" 1e-5 3 loss vals
+        else
+            report "[$prec] another -b: A's step 10 resumed at -b 8" 0 "run A left no state_00000010.bin"
+        fi
+        train "$p/f" "${small_common[@]}" -b 8 -x 20
+        close "[$prec] another -b: a run at -b 8 against A (-b 4), every step" "$p/a.out" "$p/f.out" 1e-5 20 loss
+        close "[$prec] another -b: a run at -b 8 against A, val losses (0, 5, .., 20)" "$p/a.out" "$p/f.out" 1e-5 5 loss vals
     fi
 
     # ---- keep-K (the small model: only the files matter)
@@ -249,12 +272,14 @@ for prec in "${precisions[@]}"; do
             same_run "[$prec] faults: after $action, -y 1: the same run as U" "$d" "$p/$action.out" "$p/${action}r.out"
         done
         # SIGTERM / SIGINT: the step in progress finishes, a checkpoint is written, exit code 75; -y 1 goes on.
-        # The signal comes from the fault library at the 15th read of the training data (its header, its
-        # fingerprint, then a window per micro-batch): while step 6 runs, as the first batch of step 7
-        # is read ahead, so the stop must also put that batch back.
+        # The signal comes from the fault library at the first read of step 7's batches (after the
+        # training data's header, its fingerprint and the reads of steps 1..6: one per run of
+        # consecutive sequences in a micro-batch, as checkpoint_tool batches counts them): while step 6
+        # runs, as the first batch of step 7 is read ahead, so the stop must also put that batch back.
+        step7=$(build/test/checkpoint_tool batches "$tmp/train.bin" 32 256 4 1 7 1 6 | awk '$1 == "batch" { n += $5 } END { print n + 3 }')
         for sig in TERM INT; do
             d=$p/sig$sig
-            FAULT_ONLY="$tmp/train.bin" FAULT_AT=15 FAULT_ACTION=${sig,,} LD_PRELOAD=$shim train "$p/sig$sig" "${small[@]}" -x 20 -o "$d"
+            FAULT_ONLY="$tmp/train.bin" FAULT_AT=$step7 FAULT_ACTION=${sig,,} LD_PRELOAD=$shim train "$p/sig$sig" "${small[@]}" -x 20 -o "$d"
             stopped=$(sed -nE 's/^stopped at step ([0-9]+) by a signal.*/\1/p' "$p/sig$sig.out")
             ok=0
             [[ $rc -eq 75 && $stopped == 6 && -e $d/state_00000006.bin ]] && ok=1
@@ -263,7 +288,7 @@ for prec in "${precisions[@]}"; do
             same_run "[$prec] signals: SIG$sig, then -y 1: the same run as U" "$d" "$p/sig$sig.out" "$p/sig${sig}r.out"
         done
         # Two signals at once (a terminal's Ctrl-C and a launcher passing it on) are one stop.
-        FAULT_ONLY="$tmp/train.bin" FAULT_AT=15 FAULT_ACTION=term LD_PRELOAD=$shim \
+        FAULT_ONLY="$tmp/train.bin" FAULT_AT=$step7 FAULT_ACTION=term LD_PRELOAD=$shim \
             "./$bin" "${small[@]}" -x 20 -o "$p/sig2" >"$p/sig2.out" 2>"$p/sig2.err" </dev/null &
         pid=$!
         until grep -q '^step  *3/' "$p/sig2.out" 2>/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.002; done

@@ -327,12 +327,14 @@ for prec in fp32 bf16; do
         expect_error "$f token id == V (1237)" "$tmp/badtok.bin" "${base[@]}" $f "$tmp/badtok.bin"
         expect_error "$f a checkpoint" "$tmp/pt.ckpt" "${base[@]}" $f "$tmp/pt.ckpt"
     done
-    expect_error "-i 32 tokens < B*T+1 = 33" "$tmp/tiny.bin" "${base[@]}" -i "$tmp/tiny.bin"
+    expect_error "-i 32 tokens, fewer than the 33 a step's 2 sequences span" "$tmp/tiny.bin" "${base[@]}" -i "$tmp/tiny.bin"
+    expect_error "  ... so at -b 1 -d 32 too (a step's sequences depend on -d, not -b)" "$tmp/tiny.bin" "${base[@]}" -b 1 -d 32 -i "$tmp/tiny.bin"
     # Validation takes up to B rows: 32 tokens still hold one row of T=16; fewer than T+1 do not.
     expect_valid "-j 32 tokens: validation with 1 row of T at -b 2 -t 16" "${base[@]}" -j "$tmp/tiny.bin"
     expect_error "-j 32 tokens < T+1 = 33 at -t 32" "$tmp/tiny.bin" "${base[@]}" -t 32 -j "$tmp/tiny.bin"
     expect_valid "-v 0 never reads the validation file" "${base[@]}" -v 0 -j "$tmp/missing_val.bin"
     expect_valid "-i 32 tokens is enough at -b 1 -t 16" "${base[@]}" -b 1 -i "$tmp/tiny.bin" -j "$tmp/tiny.bin"
+    expect_warning_no_gpu "-m 100: the validation data holds fewer sequences (warning)" "validating on those" "${base[@]}" -m 100
 
     # ---- tokenizer (-z)
     expect_error "-z missing file" "$tmp/missing_tok.bin" "${base[@]}" -z "$tmp/missing_tok.bin"
@@ -386,9 +388,10 @@ for prec in fp32 bf16; do
     expect_warn_valid "-y 1 -r 1 (checkpoint written at -r 0) resumes, warning" 4 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1 -r 1
     expect_stderr_has "  ... the warning names -r 0 and -r 1" "^warning: .*-ge $ge -r 0, this run has -ge $ge -r 1"
     # Another run setup than the checkpoint's: an error (after the 3 warnings), never a fresh start
-    # that would overwrite the run's checkpoints.
-    expect_error_after_warnings "-y 1 -b 1 (checkpoint written at -b 2): error" 3 "-b 2 -t 16 -sd 1337 -sh 1" "${rbase[@]}" -o "$d" -y 1 -b 1
-    expect_error_after_warnings "-y 1 -t 8 (checkpoint written at -t 16): error" 3 "same flags" "${rbase[@]}" -o "$d" -y 1 -t 8
+    # that would overwrite the run's checkpoints. Another -b is not one: with the same -d it resumes.
+    expect_error_after_warnings "-y 1 -b 1 (written at -b 2, -d 32; -d now B*T = 16): error" 3 "resume with -d 32" "${rbase[@]}" -o "$d" -y 1 -b 1
+    expect_warn_valid "-y 1 -b 1 -d 32 (another -b, the same -d) resumes" 3 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1 -b 1 -d 32
+    expect_error_after_warnings "-y 1 -t 8 (checkpoint written at -t 16): error" 3 "-t 16 -sd 1337 -sh 1: resume with the same flags" "${rbase[@]}" -o "$d" -y 1 -t 8
     expect_error_after_warnings "-y 1 -sd 7 (checkpoint written at -sd 1337): error" 3 "-sd 7" "${rbase[@]}" -o "$d" -y 1 -sd 7
     expect_error_after_warnings "-y 1 -sh 0 (checkpoint written at -sh 1): error" 3 "-sh 0" "${rbase[@]}" -o "$d" -y 1 -sh 0
     gen tokens "$tmp/train_other.bin" 3000 --seed 5
@@ -421,6 +424,23 @@ for prec in fp32 bf16; do
     gen model-crc "$M" "$d2/model_00000010.bin"
     gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --cursor 1000
     expect_error "-y 1: data position beyond the token file" "$tmp/train.bin" "${rbase[@]}" -o "$d2" -y 1
+    # State files of an older train_gpt count windows of B*T tokens: in order they resume (window k is
+    # sequence k*B: 93 windows of 32 tokens are 186 of the 187 sequences, 94 would be past them);
+    # shuffled they are refused.
+    for case in "93 0" "94 0" "5 1"; do
+        read -r cursor shuffle <<<"$case"
+        d5=$tmp/resume_windows_${cursor}_$prec
+        mkdir -p "$d5"
+        gen model-crc "$M" "$d5/model_00000010.bin"
+        gen state "$d5/state_00000010.bin" "$d5/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --windows \
+            --cursor "$cursor" --shuffle "$shuffle"
+    done
+    expect_warn_valid "-y 1, an older file (windows) in order at window 93: resumes" 0 "resuming from step 10" \
+        "${rbase[@]}" -sh 0 -o "$tmp/resume_windows_93_$prec" -y 1
+    expect_error "-y 1, an older file in order at window 94 = sequence 188: beyond the data" "beyond the 187 sequences" \
+        "${rbase[@]}" -sh 0 -o "$tmp/resume_windows_94_$prec" -y 1
+    expect_error "-y 1, an older file with shuffled windows: refused, saying what to do" "start a new run from its model" \
+        "${rbase[@]}" -o "$tmp/resume_windows_5_$prec" -y 1
 
     # ---- quiet traps made loud
     run_raw "${base[@]}" -b 8 -b 2

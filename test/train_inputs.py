@@ -9,11 +9,14 @@ Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts f
   model-crc IN OUT                         a model checkpoint as train_gpt writes it: IN (e.g. from
                                             gpt_reference.py, crc 0) with its crc field set
   state OUT MODEL STEP B T --data TOKENS [--epoch E] [--cursor K] [--seed S] [--shuffle 0|1] [--ge G] [--r R]
+        [--total-batch D] [--windows]
                                             a training-state file for the model checkpoint MODEL, as
                                             train_gpt writes it (master = MODEL's parameters, AdamW
                                             m = v = 0, its crc field set) for a run of -b B -t T
                                             -sd S (default 1337) -sh (default 1) -ge G -r R (defaults: the
-                                            bf16 build's, 2 and 0) on the token file TOKENS
+                                            bf16 build's, 2 and 0) -d D (default B*T) on the token file
+                                            TOKENS, at data position (E, K) in sequences; --windows: as
+                                            an older train_gpt wrote it, K in windows of B*T tokens
   edit IN OUT [--flip OFFSET [--xor MASK]] [--drop N] [--append N] [--set-int SLOT=VALUE] [--set-float I=VALUE]
                                             a damaged copy: XOR MASK (default 1) into the byte at OFFSET (negative
                                             counts from the end), drop the last N bytes, append N zero
@@ -74,7 +77,8 @@ def cmd_state(a):
     tokens = open(a.data, "rb").read()[HEADER_BYTES:]
     fields = dict(step=a.step, B=a.B, T=a.T, num_params=n, loader_epoch=a.epoch, loader_cursor=a.cursor,
                   sampler_rng=12345, seed=a.seed, shuffle=a.shuffle, data_crc=zlib.crc32(tokens),
-                  data_tokens=len(tokens) // 2, gelu_fusion=a.ge, recompute=a.r)
+                  data_tokens=len(tokens) // 2, gelu_fusion=a.ge, recompute=a.r, total_batch=a.total_batch or a.B * a.T,
+                  cursor_unit=ff.CURSOR_WINDOWS if a.windows else ff.CURSOR_SEQUENCES)
     zeros = np.zeros(n, np.float32)
     payload = params.tobytes() + zeros.tobytes() + zeros.tobytes()
     crc = zlib.crc32(payload, zlib.crc32(ff.TRAIN_STATE.pack(**fields).tobytes()))
@@ -129,6 +133,8 @@ def main():
     q.add_argument("--shuffle", type=int, default=1)
     q.add_argument("--ge", type=int, default=2)
     q.add_argument("--r", type=int, default=0)
+    q.add_argument("--total-batch", type=int, default=0)
+    q.add_argument("--windows", action="store_true")
     q.set_defaults(fn=cmd_state)
     q = sub.add_parser("edit")
     q.add_argument("inp")
