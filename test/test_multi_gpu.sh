@@ -1,32 +1,33 @@
 #!/usr/bin/env bash
-# Data-parallel training on 2 GPUs of this machine (scripts/launch.sh; NCCL), d12, B=4 T=256, -d 4096:
-#   equivalence   2 GPUs (2 micro-batches each) against 1 GPU (4 micro-batches), 20 steps: every
+# Data-parallel training on the N GPUs of this machine (N >= 2; GPT_TEST_GPUS=K takes the first K) through
+# scripts/launch.sh and NCCL, d12, B=4 T=256, -d 8 T N (2 micro-batches a GPU):
+#   equivalence   N GPUs against 1 GPU accumulating 2N micro-batches, 20 steps: every
 #                 step's loss and gradient norm within 1e-5 relative in fp32; in bf16 every step's
 #                 loss and the first step's norm within 1e-2 (see close in test/compare_steps.sh); the
 #                 same over sockets alone (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: how nodes without
 #                 InfiniBand talk)
-#   split         fp32, the same -d split otherwise: 2 GPUs at -b 8 (one micro-batch each) and at -b 2
+#   split         fp32, the same -d split otherwise: N GPUs at -b 8 (one micro-batch each) and at -b 2
 #                 (four) against 1 GPU at -b 4: every step's loss (and the first norm) and every
 #                 validation loss within 1e-5 relative (the same sequences: dataloader.h)
-#   mpirun        where Open MPI is installed: mpirun -np 2 -x GPT_RUN_SECRET prints the fp32 run's step
+#   mpirun        where Open MPI is installed: mpirun -np N -x GPT_RUN_SECRET prints the fp32 run's step
 #                 lines exactly
 #   the secret    through each launcher: scripts/launch.sh makes one (none set) and its ranks train; a
 #                 rank given another secret is refused with one line on each rank; srun's variables
 #                 (one node, as srun sets them) with the secret in the environment train as launch.sh's
 #                 run does; mpirun and srun's variables without a secret: one line on each rank
-#   determinism   the 2-GPU run twice: the same step lines and final state file, byte for byte
-#   resume        saved on 2 at step 10, resumed on 2: the same bits as the run never stopped;
+#   determinism   the N-GPU run twice: the same step lines and final state file, byte for byte
+#   resume        saved on N at step 10, resumed on N: the same bits as the run never stopped;
 #                 resumed on 1: within the bf16 equivalence bounds
 #   failures      kill -9 of rank 1: rank 0 ends with one line within 60 s; ranks started with
 #                 different flags are refused; more ranks than GPUs is an error
-# Needs 2 GPUs; elsewhere every check but the comparator's own says `skipped (needs 2 GPUs)`. Ends with `N passed, N failed, N skipped`.
+# Needs 2 GPUs or more; elsewhere every check but the comparator's own says `skipped (needs 2 GPUs)`. Ends with `N passed, N failed, N skipped`.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 checks=("equivalence fp32" "equivalence bf16" "split -b 8: steps" "split -b 8: validation" "split -b 2: steps"
         "split -b 2: validation" "mpirun" "mpirun without a secret" "launch.sh makes a secret"
         "another secret on rank 1" "srun's variables" "srun's variables without a secret" "equivalence over sockets" "determinism"
-        "resume on 2" "resume on 1" "kill one rank" "different flags" "more ranks than GPUs")
+        "resume on all" "resume on 1" "kill one rank" "different flags" "more ranks than GPUs")
 passed=0 failed=0 skipped=0
 report() {
     if [[ $2 -eq 1 ]]; then passed=$((passed + 1)); printf '  %-66s ok    %s\n' "$1" "$3"
@@ -34,8 +35,6 @@ report() {
 }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-common=(-e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -t 256 -d 4096 -x 20 -u 5 -l 6e-4 -q 1 -v 10 -m 2 -s 0 -sd 3)
-run=("${common[@]}" -b 4)
 source test/compare_steps.sh  # numeric_steps, numeric_vals, close
 
 # The comparator needs no GPU, so it is checked everywhere, on made-up logs: it must pass a match, a
@@ -79,12 +78,16 @@ report "the step comparator on made-up logs: 5 to pass, 8 to fail" "$([[ $verdic
     "$verdicts"
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [[ $gpus -lt 2 ]]; then
-    for c in "${checks[@]}"; do echo "multi-GPU $c: skipped (needs 2 GPUs, found $gpus)"; skipped=$((skipped + 1)); done
+n=${GPT_TEST_GPUS:-$gpus}  # the ranks of every multi-GPU run
+[[ $n =~ ^[0-9]+$ ]] && ((n <= gpus)) || { echo "error: GPT_TEST_GPUS=$n: this machine has $gpus GPUs" >&2; exit 1; }
+if [[ $n -lt 2 ]]; then
+    for c in "${checks[@]}"; do echo "multi-GPU $c: skipped (needs 2 GPUs, found $gpus${GPT_TEST_GPUS:+, GPT_TEST_GPUS=$GPT_TEST_GPUS})"; skipped=$((skipped + 1)); done
     echo "$passed passed, $failed failed, $skipped skipped"
     [[ $failed -eq 0 ]]
     exit
 fi
+common=(-e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -t 256 -d $((8 * 256 * n)) -x 20 -u 5 -l 6e-4 -q 1 -v 10 -m 2 -s 0 -sd 3)
+run=("${common[@]}" -b 4)
 export NCCL_NVLS_ENABLE=0  # NVLink multicast buys nothing at these sizes
 export MASTER_PORT=$((20000 + RANDOM % 20000))
 "$PYTHON" test/train_inputs.py tokens "$tmp/train.bin" 300000 --vocab 50257 --seed 1
@@ -92,14 +95,14 @@ export MASTER_PORT=$((20000 + RANDOM % 20000))
 for prec in fp32 bf16; do
     tol=$([[ $prec == fp32 ]] && echo "1e-5 20 all" || echo "1e-2 20 loss")
     ./train_gpt_$prec "${run[@]}" >"$tmp/one_$prec.log" 2>&1
-    timeout 300 scripts/launch.sh 2 ./train_gpt_$prec "${run[@]}" >"$tmp/two_$prec.log" 2>&1
-    close "equivalence $prec: 2 GPUs against 1 GPU with accumulation" "$tmp/two_$prec.log" "$tmp/one_$prec.log" $tol
+    timeout 300 scripts/launch.sh $n ./train_gpt_$prec "${run[@]}" >"$tmp/two_$prec.log" 2>&1
+    close "equivalence $prec: $n GPUs against 1 GPU with accumulation" "$tmp/two_$prec.log" "$tmp/one_$prec.log" $tol
 done
 # The same -d split otherwise trains on the same sequences and validates on the same ones.
 for b in 8 2; do
-    timeout 300 scripts/launch.sh 2 ./train_gpt_fp32 "${common[@]}" -b $b >"$tmp/split_$b.log" 2>&1
-    close "split fp32: 2 GPUs at -b $b against 1 GPU at -b 4, every step" "$tmp/split_$b.log" "$tmp/one_fp32.log" 1e-5 20 loss
-    close "split fp32: 2 GPUs at -b $b against 1 GPU at -b 4, validation (0, 10, 20)" "$tmp/split_$b.log" "$tmp/one_fp32.log" \
+    timeout 300 scripts/launch.sh $n ./train_gpt_fp32 "${common[@]}" -b $b >"$tmp/split_$b.log" 2>&1
+    close "split fp32: $n GPUs at -b $b against 1 GPU at -b 4, every step" "$tmp/split_$b.log" "$tmp/one_fp32.log" 1e-5 20 loss
+    close "split fp32: $n GPUs at -b $b against 1 GPU at -b 4, validation (0, 10, 20)" "$tmp/split_$b.log" "$tmp/one_fp32.log" \
         1e-5 3 loss vals
 done
 # Open MPI's mpirun starts the same run (the ranks from OMPI_COMM_WORLD_*; they still meet over TCP);
@@ -108,26 +111,26 @@ secret=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
 short=(-e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 256 -x 2 -v 0 -s 0)
 if mpirun --version 2>&1 | grep -q 'Open MPI'; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    GPT_RUN_SECRET=$secret timeout 300 mpirun -np 2 -x GPT_RUN_SECRET ./train_gpt_fp32 "${run[@]}" >"$tmp/mpi.log" 2>&1
-    report "mpirun -np 2 -x GPT_RUN_SECRET: the same printed steps as scripts/launch.sh" \
+    GPT_RUN_SECRET=$secret timeout 300 mpirun -np $n -x GPT_RUN_SECRET ./train_gpt_fp32 "${run[@]}" >"$tmp/mpi.log" 2>&1
+    report "mpirun -np $n -x GPT_RUN_SECRET: the same printed steps as scripts/launch.sh" \
         "$(numeric_steps "$tmp/mpi.log" | grep -q . && cmp -s <(numeric_steps "$tmp/mpi.log") <(numeric_steps "$tmp/two_fp32.log") && echo 1 || echo 0)" \
         "$(grep -m1 -E '^error|^data parallel' "$tmp/mpi.log")"
-    env -u GPT_RUN_SECRET timeout 120 mpirun -np 2 ./train_gpt_bf16 "${short[@]}" >"$tmp/mpi_none.log" 2>&1
-    report "mpirun -np 2 without a secret: one line on each rank, no step" \
-        "$([[ $(grep -c '^error: 2 ranks and no run secret' "$tmp/mpi_none.log") -eq 2 ]] && ! grep -q '^step' "$tmp/mpi_none.log" && echo 1 || echo 0)" \
+    env -u GPT_RUN_SECRET timeout 120 mpirun -np $n ./train_gpt_bf16 "${short[@]}" >"$tmp/mpi_none.log" 2>&1
+    report "mpirun -np $n without a secret: one line on each rank, no step" \
+        "$([[ $(grep -c "^error: $n ranks and no run secret" "$tmp/mpi_none.log") -eq $n ]] && ! grep -q '^step' "$tmp/mpi_none.log" && echo 1 || echo 0)" \
         "$(grep -m1 '^error' "$tmp/mpi_none.log")"
 else
-    for c in "mpirun -np 2 -x GPT_RUN_SECRET" "mpirun -np 2 without a secret"; do
+    for c in "mpirun -np $n -x GPT_RUN_SECRET" "mpirun -np $n without a secret"; do
         skipped=$((skipped + 1)); printf '  %-66s skipped (no Open MPI mpirun on PATH)\n' "$c"
     done
 fi
 # The run secret through scripts/launch.sh: one of its own when none is set; a rank given another
 # is dropped at its proof (it says so) and rank 0 counts it when its time is up.
-env -u GPT_RUN_SECRET timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${short[@]}" >"$tmp/secret_own.log" 2>&1
+env -u GPT_RUN_SECRET timeout 300 scripts/launch.sh $n ./train_gpt_bf16 "${short[@]}" >"$tmp/secret_own.log" 2>&1
 rc=$?
-report "scripts/launch.sh, no secret set: it makes one, and the 2 ranks train" \
+report "scripts/launch.sh, no secret set: it makes one, and the $n ranks train" \
     "$([[ $rc -eq 0 && $(grep -c '^step ' "$tmp/secret_own.log") -eq 2 ]] && echo 1 || echo 0)" "exit code $rc"
-GPT_RENDEZVOUS_TIMEOUT=20 timeout 120 scripts/launch.sh 2 bash -c \
+GPT_RENDEZVOUS_TIMEOUT=20 timeout 120 scripts/launch.sh $n bash -c \
     '[[ $RANK == 1 ]] && export GPT_RUN_SECRET=another-secret-0123456789; exec ./train_gpt_bf16 "$@"' launch "${short[@]}" \
     >"$tmp/secret_other.log" 2>&1
 rc=$?
@@ -137,12 +140,12 @@ report "scripts/launch.sh, rank 1 given another secret: refused in one line, ran
         grep -q "^error: rendezvous: rank 0 at .* dropped this rank at its proof" "$tmp/secret_other.log" && echo 1 || echo 0)" \
     "$(grep -m1 '^error' "$tmp/secret_other.log")"
 # srun's variables as srun sets them on one node (no Slurm needed): the secret from the environment.
-srun_style() {  # LOG ENV_ARGS...: 2 ranks of the fp32 run (env's own arguments first); rank 0's output in LOG, rank 1's in LOG.1
+srun_style() {  # LOG ENV_ARGS...: n ranks of the fp32 run (env's own arguments first); rank 0's output in LOG, rank r's in LOG.r
     local log=$1 r pids=()
     shift
-    for r in 0 1; do
-        env "$@" SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_STEP_NUM_NODES=1 \
-            timeout 300 ./train_gpt_fp32 "${run[@]}" >"$log$([[ $r == 1 ]] && echo .1)" 2>&1 &
+    for ((r = 0; r < n; r++)); do
+        env "$@" SLURM_STEP_NUM_TASKS=$n SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_STEP_NUM_NODES=1 \
+            timeout 300 ./train_gpt_fp32 "${run[@]}" >"$log$([[ $r -gt 0 ]] && echo .$r)" 2>&1 &
         pids+=($!)
     done
     wait "${pids[@]}"
@@ -150,29 +153,29 @@ srun_style() {  # LOG ENV_ARGS...: 2 ranks of the fp32 run (env's own arguments 
 srun_style "$tmp/srun.log" GPT_RUN_SECRET="$secret"
 report "srun's variables, GPT_RUN_SECRET in the environment: the same printed steps as scripts/launch.sh" \
     "$(numeric_steps "$tmp/srun.log" | grep -q . && cmp -s <(numeric_steps "$tmp/srun.log") <(numeric_steps "$tmp/two_fp32.log") && echo 1 || echo 0)" \
-    "$(cat "$tmp/srun.log" "$tmp/srun.log.1" | grep -m1 -E '^error|^data parallel')"
+    "$(cat "$tmp/srun.log"* | grep -m1 -E '^error|^data parallel')"
 srun_style "$tmp/srun_none.log" -u GPT_RUN_SECRET
 report "srun's variables without a secret: one line on each rank, no step" \
-    "$([[ $(cat "$tmp/srun_none.log" "$tmp/srun_none.log.1" | grep -c '^error: 2 ranks and no run secret') -eq 2 ]] &&
+    "$([[ $(cat "$tmp/srun_none.log"* | grep -c "^error: $n ranks and no run secret") -eq $n ]] &&
         ! grep -q '^step' "$tmp/srun_none.log" && echo 1 || echo 0)" "$(grep -m1 '^error' "$tmp/srun_none.log")"
-NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout 300 scripts/launch.sh 2 ./train_gpt_fp32 "${run[@]}" >"$tmp/socket.log" 2>&1
+NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout 300 scripts/launch.sh $n ./train_gpt_fp32 "${run[@]}" >"$tmp/socket.log" 2>&1
 close "equivalence fp32 over sockets (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)" "$tmp/socket.log" "$tmp/one_fp32.log" 1e-5 20 all
 
-timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${run[@]}" -o "$tmp/A" -n 10 >"$tmp/a.log" 2>&1
-timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${run[@]}" -o "$tmp/A2" -n 10 >"$tmp/a2.log" 2>&1
-report "determinism: the 2-GPU run twice, the same bits" \
+timeout 300 scripts/launch.sh $n ./train_gpt_bf16 "${run[@]}" -o "$tmp/A" -n 10 >"$tmp/a.log" 2>&1
+timeout 300 scripts/launch.sh $n ./train_gpt_bf16 "${run[@]}" -o "$tmp/A2" -n 10 >"$tmp/a2.log" 2>&1
+report "determinism: the $n-GPU run twice, the same bits" \
     "$(cmp -s <(numeric_steps "$tmp/a.log") <(numeric_steps "$tmp/a2.log") && cmp -s "$tmp/A/state_00000020.bin" "$tmp/A2/state_00000020.bin" && echo 1 || echo 0)" ""
 mkdir -p "$tmp/B" "$tmp/C"
 cp "$tmp/A"/*_00000010.bin "$tmp/B"/ && cp "$tmp/A"/*_00000010.bin "$tmp/C"/
-timeout 300 scripts/launch.sh 2 ./train_gpt_bf16 "${run[@]}" -o "$tmp/B" -n 10 -y 1 >"$tmp/b.log" 2>&1
-report "resume on 2 GPUs from step 10: the same bits as the run never stopped" \
+timeout 300 scripts/launch.sh $n ./train_gpt_bf16 "${run[@]}" -o "$tmp/B" -n 10 -y 1 >"$tmp/b.log" 2>&1
+report "resume on $n GPUs from step 10: the same bits as the run never stopped" \
     "$(grep -q '^resuming from step 10 ' "$tmp/b.log" && cmp -s "$tmp/A/state_00000020.bin" "$tmp/B/state_00000020.bin" && echo 1 || echo 0)" \
     "$(grep -m1 resuming "$tmp/b.log")"
 ./train_gpt_bf16 "${run[@]}" -o "$tmp/C" -n 10 -y 1 >"$tmp/c.log" 2>&1
 # (exactly steps 11..20: a run that started over instead would print 20)
-close "resume on 1 GPU from the 2-GPU step 10 (bf16)" "$tmp/a.log" "$tmp/c.log" 1e-2 10 loss
+close "resume on 1 GPU from the $n-GPU step 10 (bf16)" "$tmp/a.log" "$tmp/c.log" 1e-2 10 loss
 
-scripts/launch.sh 2 ./train_gpt_bf16 -e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 256 -x 100000 -v 0 -s 0 >"$tmp/k.log" 2>&1 &
+scripts/launch.sh $n ./train_gpt_bf16 -e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 256 -x 100000 -v 0 -s 0 >"$tmp/k.log" 2>&1 &
 launcher=$!
 deadline=$((SECONDS + 120))
 until grep -q '^step  *3/' "$tmp/k.log" 2>/dev/null || ((SECONDS > deadline)); do sleep 0.2; done
@@ -185,7 +188,7 @@ took=$((SECONDS - killed_at))
 report "kill -9 of rank 1: rank 0 ends with an error within 60 s" \
     "$([[ -n $victim && $rc -ne 0 && $took -le 60 ]] && grep -q '^error: rank 0: rank 1 ended' "$tmp/k.log" && echo 1 || echo 0)" \
     "$took s, exit code $rc: $(grep -m1 '^error' "$tmp/k.log")"
-timeout 120 scripts/launch.sh 2 bash -c './train_gpt_bf16 -e d12 -i '"$tmp/train.bin"' -j '"$tmp/val.bin"' -t 256 -x 2 -b $((RANK + 4))' \
+timeout 120 scripts/launch.sh $n bash -c './train_gpt_bf16 -e d12 -i '"$tmp/train.bin"' -j '"$tmp/val.bin"' -t 256 -x 2 -b $((RANK == 1 ? 5 : 4))' \
     >"$tmp/m.log" 2>&1
 report "ranks started with different -b: refused, naming the difference" \
     "$([[ $? -ne 0 ]] && grep -q "'-b=5' where rank 0 has '-b=4'" "$tmp/m.log" && echo 1 || echo 0)" "$(grep -m1 '^error' "$tmp/m.log")"
