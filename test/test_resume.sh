@@ -222,7 +222,7 @@ for prec in "${precisions[@]}"; do
         report "[$prec] faults: the step-10 save makes $ops file operations" "$([[ $ops -ge 18 ]] && echo 1 || echo 0)" \
             "$(awk '{print $2}' "$p/trace" 2>/dev/null | uniq -c | awk '{printf "%s %s, ", $1, $2}')"
         # kill -9 before some of them, spread over the save; then -y 1 runs to step 20.
-        for k in 1 4 6 9 14 16 18; do  # the model file's create, fsync, rename; the state file's create, fsync, rename; after
+        for k in 1 4 6 9 15 17 19; do  # the model file's create, fsync, rename; the state file's create, fsync, rename; after
             d=$p/kill_$k
             (FAULT_ONLY="$d" FAULT_AFTER=model_00000010 FAULT_AT=$k FAULT_ACTION=kill LD_PRELOAD=$shim train "$p/k$k" "${small[@]}" -x 20 -o "$d"
              exit $rc) 2>/dev/null

@@ -11,7 +11,8 @@ Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts f
   state OUT MODEL STEP B T --data TOKENS [--epoch E] [--cursor K] [--seed S] [--shuffle 0|1] [--ge G] [--r R]
                                             a training-state file for the model checkpoint MODEL, as
                                             train_gpt writes it (master = MODEL's parameters, AdamW
-                                            m = v = 0, its crc field set) for a run of -b B -t T
+                                            m = v = 0, its crc field set; no outlier windows, as before
+                                            the outlier guard: they load empty) for a run of -b B -t T
                                             -sd S (default 1337) -sh (default 1) -ge G -r R (defaults: the
                                             bf16 build's, 2 and 0) on the token file TOKENS
   edit IN OUT [--flip OFFSET [--xor MASK]] [--drop N] [--append N] [--set-int SLOT=VALUE] [--set-float I=VALUE]
