@@ -17,16 +17,16 @@
 #                                                            the jumps magnify the last-bit differences of
 #                                                            any two fp32 implementations to ~1e-5 by step 9
 #   3. -e d6 -b 8 -t 64 -x 3 -v 0 -s 0 -sh 0                train_gpt's own random init on both sides (fp32)
-#   4. -e tiny -b 4 -t 32 -x 180 -v 50 -m 2 -sh 1 -sd 7 -l 1e-3 -u 3 -q 1 -sl 1 -sg 2.5
+#   4. -e tiny -b 4 -t 32 -x 180 -v 50 -m 2 -sh 1 -sd 7 -l 1e-3 -u 3 -q 1 -sl 1 -sg 2.2
 #                                                            the outlier guard (fp32): a small model
 #                                                            (L=2,NH=3,C=39,V=1237) on tokens of its
-#                                                            vocabulary; from step 129 the growing gradient
-#                                                            norm spikes and updates are skipped (5 on the
-#                                                            CPU, the nearest z 0.02 from its Z)
+#                                                            vocabulary; the gradient norm spikes once past
+#                                                            the window (one update skipped on the CPU, step
+#                                                            153; the nearest z 0.12 from its Z)
 #   5. -e tiny -b 4 -t 32 -x 160 -v 0 -sh 1 -sd 7 -l 0 -u 0 -sl 1.5 -sg 1.5
 #                                                            the guard on values without a trend (-l 0): a
-#                                                            loss and several norms skipped (7 on the CPU,
-#                                                            the nearest z 0.09 from its Z)
+#                                                            loss and two norms skipped (3 on the CPU, the
+#                                                            nearest z 0.09 from its Z)
 #      Both must skip the updates of the same steps, for the same value, as the reference, its printed z
 #      within 0.01; and skip at least one.
 # train_gpt prints norms with 4 decimals and losses with 6: a value may also differ by half of its
@@ -44,7 +44,7 @@ runs=("fp32|-b 16 -t 64 -d 2048 -x 12 -v 0 -s 0 -sh 0"
       "bf16|-b 16 -t 64 -d 2048 -x 12 -v 0 -s 0 -sh 0"
       "fp32|-b 8 -t 64 -d 2048 -x 12 -v 4 -m 2 -s 0 -sh 1 -sd 7 -l 1e-4 -u 2"
       "fp32|-e d6 -b 8 -t 64 -x 3 -v 0 -s 0 -sh 0"
-      "fp32|-e tiny -b 4 -t 32 -x 180 -v 50 -m 2 -s 0 -sh 1 -sd 7 -l 1e-3 -u 3 -q 1 -sl 1 -sg 2.5"
+      "fp32|-e tiny -b 4 -t 32 -x 180 -v 50 -m 2 -s 0 -sh 1 -sd 7 -l 1e-3 -u 3 -q 1 -sl 1 -sg 2.2"
       "fp32|-e tiny -b 4 -t 32 -x 160 -v 0 -s 0 -sh 1 -sd 7 -l 0 -u 0 -sl 1.5 -sg 1.5")
 passed=0 failed=0 skipped=0
 
