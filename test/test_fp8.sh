@@ -104,6 +104,7 @@ gen() { "$PYTHON" test/train_inputs.py "$@"; }
 gen tokens "$tmp/train.bin" 40000             # 155 sequences of 257 at -t 256, 8 a step: epoch 2 in step 20
 gen tokens "$tmp/val.bin" 6000 --seed 1
 gen tokenizer "$tmp/tok.bin" 50257
+gen tokenizer "$tmp/tok1237.bin" 1237
 "$PYTHON" gpt_reference.py init --model L=2,NH=4,C=40,V=1237,maxT=64 --seed 3 --out "$tmp/c40.ckpt" >/dev/null
 set +e
 
@@ -186,7 +187,7 @@ if [[ $rc -ne 0 ]]; then report "-ov 0: weight gradients in line" 0 "exit code $
 else numeric_steps "$tmp/ov.out" >"$tmp/ov.steps"; same "-ov 0: step lines = -ov 1's (-f8 1)" "$tmp/a.steps" "$tmp/ov.steps" 30; fi
 
 # ---- refusals
-train "$tmp/c40" -e "$tmp/c40.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 64 -x 2 -s 0 -f8 1
+train "$tmp/c40" -e "$tmp/c40.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 64 -x 2 -s 0 -f8 1
 refused "refusals: C = 40 (not a multiple of 16)" "C = 40 is not a multiple of 16" "$tmp/c40"
 train "$tmp/t200" "${common[@]}" -x 2 -t 200 -f8 1
 refused "refusals: -t 200 (not a multiple of 16)" "-t 200 is not a multiple of 16" "$tmp/t200"
