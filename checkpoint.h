@@ -9,7 +9,8 @@
 //   llm.c's model file (kLlmcModelMagic): the same parameters, fp32 or bf16, no checksum
 //   state file  (kTrainStateMagic): a run's position and setup, then fp32 master weights, AdamW m and
 //               AdamW v, whole (whatever the number of GPUs that wrote them, so a run saved on N GPUs
-//               resumes on M)
+//               resumes on M), then the outlier guard's two windows (outlier_guard.h's OutlierWindows,
+//               header.outlier_bytes of them; files written before the guard have none: 0)
 //   reference   (kReferenceMagic): test_gpt's input from gpt_reference.py state
 // The token and tokenizer files are llm.c's (fileio.h: TokenFileHeader, TokenizerHeader).
 //
@@ -35,6 +36,7 @@
 
 #include "fileio.h"
 #include "model_config.h"
+#include "outlier_guard.h"
 
 constexpr int32_t kModelFileMagic = 20251101, kModelFileVersion = 1;
 constexpr int32_t kTrainStateMagic = 20251103, kTrainStateVersion = 2;
@@ -61,7 +63,7 @@ struct TrainStateHeader {
     int32_t magic = kTrainStateMagic, version = kTrainStateVersion;
     int32_t step = 0;  // completed optimizer steps
     int32_t B = 0, T = 0;
-    uint32_t crc = 0;  // crc32 of the header (with this field 0) and the three arrays
+    uint32_t crc = 0;  // crc32 of the header (with this field 0), the three arrays and the outlier windows
     int32_t unused6[2] = {};
     uint64_t num_params = 0;
     uint64_t loader_epoch = 0, loader_cursor = 0;  // the data position (dataloader.h), in cursor_unit
@@ -73,7 +75,10 @@ struct TrainStateHeader {
     int32_t gelu_fusion = 0, recompute = 0;  // -ge, -r
     uint64_t total_batch = 0;  // tokens per step (0 in files written before it was recorded)
     int32_t head = 0;  // the LM head: 1 the logits and the classifier, 2 the exp head, 0 not recorded (the logits)
-    int32_t unused27[228] = {};
+    // Bytes of the outlier guard's windows after the three arrays: sizeof(OutlierWindows), or 0 in
+    // files written before the guard (they load with empty windows).
+    uint32_t outlier_bytes = 0;
+    int32_t unused28[227] = {};
     int32_t cursor_unit = 0;  // loader_cursor's unit: kCursorSequences, or kCursorWindows (0: files from before it)
 };
 
@@ -95,7 +100,8 @@ static_assert(sizeof(LlmcModelHeader) == HEADER_INTS * 4, "llm.c model file head
 static_assert(sizeof(TrainStateHeader) == HEADER_INTS * 4 && offsetof(TrainStateHeader, crc) == 5 * 4 &&
                   offsetof(TrainStateHeader, num_params) == 8 * 4 && offsetof(TrainStateHeader, seed) == 16 * 4 &&
                   offsetof(TrainStateHeader, data_tokens) == 20 * 4 && offsetof(TrainStateHeader, total_batch) == 24 * 4 &&
-                  offsetof(TrainStateHeader, head) == 26 * 4 && offsetof(TrainStateHeader, cursor_unit) == 255 * 4,
+                  offsetof(TrainStateHeader, head) == 26 * 4 && offsetof(TrainStateHeader, outlier_bytes) == 27 * 4 &&
+                  offsetof(TrainStateHeader, cursor_unit) == 255 * 4,
               "state file header");
 
 // ---------------------------------------------------------------------------------------------
@@ -242,6 +248,7 @@ struct TrainState {
     int64_t seed = 0;
     uint64_t data_tokens = 0, total_batch = 0;
     uint32_t data_crc = 0;
+    OutlierWindows outliers;  // the outlier guard's (empty when the file predates it)
     std::vector<float> adam_m, adam_v;
 };
 
@@ -260,6 +267,7 @@ inline TrainStateHeader state_header(const TrainState& st, size_t num_params) {
     h.gelu_fusion = st.gelu_fusion, h.recompute = st.recompute;
     h.total_batch = st.total_batch, h.head = st.head;
     h.cursor_unit = kCursorSequences;
+    h.outlier_bytes = sizeof(OutlierWindows);
     return h;
 }
 
@@ -275,15 +283,18 @@ inline void state_from_header(const TrainStateHeader& h, TrainState& st) {
     if (h.cursor_unit == kCursorWindows && !h.shuffle) st.loader_cursor = h.loader_cursor * uint64_t(h.B);
 }
 
+// The state file's crc32: the header (crc 0), the three arrays, then header.outlier_bytes of `outliers`
+// (none for a file that predates them, whose crc stays what it was).
 inline uint32_t state_crc(const TrainStateHeader& header, const std::vector<float>& params, const std::vector<float>& adam_m,
-                          const std::vector<float>& adam_v) {
+                          const std::vector<float>& adam_v, const OutlierWindows& outliers) {
     TrainStateHeader h = header;
     h.crc = 0;
     const size_t bytes = params.size() * sizeof(float);
     uint32_t crc = crc32(&h, sizeof(h));
     crc = crc32(params.data(), bytes, crc);
     crc = crc32(adam_m.data(), bytes, crc);
-    return crc32(adam_v.data(), bytes, crc);
+    crc = crc32(adam_v.data(), bytes, crc);
+    return crc32(&outliers, header.outlier_bytes, crc);
 }
 
 // Writes checkpoint st.step into dir (model file, then state file: the commit). On failure (a full
@@ -293,10 +304,11 @@ inline bool write_checkpoint(const std::string& dir, const GPTConfig& config, co
                              const std::vector<float>& adam_m, const std::vector<float>& adam_v, std::string* error) {
     const size_t bytes = params.size() * sizeof(float);
     TrainStateHeader h = state_header(st, params.size());
-    h.crc = state_crc(h, params, adam_m, adam_v);
+    h.crc = state_crc(h, params, adam_m, adam_v, st.outliers);
     const std::string model_path = checkpoint_path(dir, "model", st.step), state_path = checkpoint_path(dir, "state", st.step);
     if (!write_model_file(model_path, config, params, error) ||
-        !write_file_atomic(state_path, {{&h, sizeof(h)}, {params.data(), bytes}, {adam_m.data(), bytes}, {adam_v.data(), bytes}}, error)) {
+        !write_file_atomic(state_path, {{&h, sizeof(h)}, {params.data(), bytes}, {adam_m.data(), bytes}, {adam_v.data(), bytes},
+                                        {&st.outliers, sizeof(st.outliers)}}, error)) {
         // Not committed (or not known to be on disk: a failed folder sync comes after the rename):
         // leave nothing of it, the commit record first.
         unlink(state_path.c_str());
@@ -385,12 +397,17 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     if (!f.open_file(path, error)) return false;
     const size_t n = model.params.size();
     TrainStateHeader h;
-    const uint64_t expected = sizeof(h) + 3 * uint64_t(n) * sizeof(float);
     if (f.size < sizeof(h) || !f.read_at(0, &h, sizeof(h), error) || h.magic != kTrainStateMagic ||
         h.version != kTrainStateVersion || (h.cursor_unit != kCursorWindows && h.cursor_unit != kCursorSequences)) {
         *error = "'" + path + "' is not a training-state file of this version";
         return false;
     }
+    if (h.outlier_bytes != 0 && h.outlier_bytes != sizeof(OutlierWindows)) {
+        *error = "'" + path + "' says its outlier windows take " + std::to_string(h.outlier_bytes) + " bytes, expected " +
+                 std::to_string(sizeof(OutlierWindows)) + " (or 0)";
+        return false;
+    }
+    const uint64_t expected = sizeof(h) + 3 * uint64_t(n) * sizeof(float) + h.outlier_bytes;
     if (f.size != expected || h.num_params != n) {
         *error = "'" + path + "' has " + std::to_string(f.size) + " bytes, expected " + std::to_string(expected);
         return false;
@@ -398,11 +415,17 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     std::vector<float> params(n);
     st.adam_m.resize(n), st.adam_v.resize(n);
     const size_t bytes = n * sizeof(float);
+    OutlierWindows outliers;  // empty unless the file holds them
     if (!f.read_at(sizeof(h), params.data(), bytes, error) || !f.read_at(sizeof(h) + bytes, st.adam_m.data(), bytes, error) ||
-        !f.read_at(sizeof(h) + 2 * bytes, st.adam_v.data(), bytes, error))
+        !f.read_at(sizeof(h) + 2 * bytes, st.adam_v.data(), bytes, error) ||
+        !f.read_at(sizeof(h) + 3 * bytes, &outliers, h.outlier_bytes, error))
         return false;
-    if (h.crc != state_crc(h, params, st.adam_m, st.adam_v)) {
+    if (h.crc != state_crc(h, params, st.adam_m, st.adam_v, outliers)) {
         *error = "'" + path + "' fails its checksum (corrupt or partly written)";
+        return false;
+    }
+    if (!outlier_window_valid(outliers.loss) || !outlier_window_valid(outliers.norm)) {
+        *error = "'" + path + "' holds outlier windows no run could have written (a count, position or value out of range)";
         return false;
     }
     if (h.step != step) {
@@ -411,6 +434,7 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     }
     model.params = std::move(params);  // the fp32 master weights (exact), not the model file's copy
     state_from_header(h, st);
+    st.outliers = outliers;
     return true;
 }
 

@@ -24,8 +24,8 @@ Subcommands (each has -h):
             read) or to an llm.c model file
   generate  text from a prompt: the sampler train_gpt's sampling uses (see `sample_next`)
   train     a training run exactly as train_gpt does it (same flags, data order, schedule, clipping,
-            AdamW, skipped steps, validation, printed lines), in fp32 with TF32 off, to put beside one of
-            train_gpt's runs
+            AdamW, skipped steps, the outlier guard -sl/-sg, validation, printed lines), in fp32 with TF32
+            off, to put beside one of train_gpt's runs
   eval      a model's HellaSwag score (acc, acc_norm) on llm.c's eval file, as train_gpt computes it
             (data/prepare_hellaswag.py writes the file; --scores: every completion's summed loss)
 
@@ -72,6 +72,7 @@ import sys
 import tempfile
 import time
 import zlib
+from fractions import Fraction
 
 try:
     import numpy as np
@@ -1296,7 +1297,7 @@ def cmd_generate(args):
 # ------------------------------------------------------------------------------------------------
 # Training as train_gpt.cu's run does it: its DataLoader (dataloader.h), the learning-rate schedule
 # (schedule.h), micro-batch loop, gradient-norm clipping and AdamW (adamw.cuh), skipped non-finite
-# steps and validation.
+# steps, the outlier guard (outlier_guard.h) and validation.
 
 class TokenStream:
     """Token files concatenated in path order, read where a sequence needs them (memory-mapped)."""
@@ -1426,6 +1427,62 @@ def adamw_update(params, lr, t, weight_decay, factor):
             p.sub_(lr * (m / c1) / (torch.sqrt(v / c2) + eps))
 
 
+def _exact_fma(a, b, c):
+    """a * b + c rounded once (exact rational arithmetic, then one correctly rounded division)."""
+    return float(Fraction(a) * Fraction(b) + Fraction(c))
+
+
+fma = getattr(math, "fma", _exact_fma)  # C's fma; math has it from Python 3.13
+
+
+class OutlierWindow:
+    """outlier_guard.h's OutlierWindow, operation for operation: a ring of the last 128 finite values
+    (count held, next slot, the slots) and the z of each new value over the full window it joins."""
+
+    def __init__(self):
+        self.count, self.next, self.values = 0, 0, [0.0] * file_formats.OUTLIER_WINDOW
+
+    def push(self, x):
+        """Adds x and returns its z: nan while the window fills, and for a non-finite x (not added)."""
+        n = file_formats.OUTLIER_WINDOW
+        if not math.isfinite(x):
+            return math.nan
+        full = self.count == n
+        self.values[self.next] = x
+        self.next = (self.next + 1) % n
+        if not full:
+            self.count += 1
+            return math.nan
+        total = 0.0
+        for v in self.values:  # slot order, one rounding an addition (not sum(): compensated from 3.12)
+            total += v
+        mean = total / n
+        squares = 0.0
+        for v in self.values:
+            squares = fma(v - mean, v - mean, squares)
+        std = math.sqrt(squares / n)
+        return (x - mean) / std if std > 0 else 0.0
+
+
+class OutlierGuard:
+    """outlier_guard.h's OutlierGuard: -sl and -sg (0 = off) and a window each for the step's mean loss
+    and its gradient norm, which take every step's finite values whether or not the update is skipped."""
+
+    def __init__(self, loss_limit, norm_limit):
+        self.limits = (loss_limit, norm_limit)
+        self.windows = (OutlierWindow(), OutlierWindow())
+
+    def observe(self, loss, norm):
+        """The step's (loss z, norm z, loss skips, norm skips); z nan: none."""
+        z = tuple(w.push(float(x)) for w, x in zip(self.windows, (loss, norm)))
+        return z + tuple(limit > 0 and zi > limit for limit, zi in zip(self.limits, z))
+
+    def reasons(self, verdict):
+        """Why the update was skipped ("" if it was not), as train_gpt's step line says it."""
+        return ", ".join(f"{name} z {z:.3f} > {limit:g}" for name, z, skip, limit in
+                         zip(("loss", "norm"), verdict[:2], verdict[2:], self.limits) if skip)
+
+
 def validation_beside(train):
     """train_gpt's validation data beside -i's: "val" for the last "train" of the file name ("" if none)."""
     name = train.rfind("/") + 1
@@ -1499,6 +1556,7 @@ def cmd_train(a):
         metrics.write("step,train_loss,val_loss,lr,grad_norm,step_ms,tokens_per_s\n")
         metrics.flush()
     last_val, train_loss, bad_steps = float("nan"), float("nan"), 0
+    guard = OutlierGuard(a.sl, a.sg)
 
     def validate(step):
         """The mean of the first val_sequences sequences' mean losses, in batches of up to B as train_gpt."""
@@ -1532,8 +1590,11 @@ def cmd_train(a):
                 loss_sum += float(np.float32(loss.item()))
             norm_squared = np.float32(sum(float((p.grad.double() ** 2).sum()) for p, _, _, _ in params))
             lr = learning_rate(a, step)
+            train_loss, norm = np.float32(loss_sum / accum), np.sqrt(norm_squared)
+            skipped = guard.reasons(guard.observe(train_loss, norm))
             if math.isfinite(loss_sum) and math.isfinite(norm_squared):
-                adamw_update(params, lr, step + 1, a.c, clip_factor(norm_squared, a.gc))
+                if not skipped:  # an outlier's update is skipped; AdamW's t stays the step number all the same
+                    adamw_update(params, lr, step + 1, a.c, clip_factor(norm_squared, a.gc))
                 bad_steps = 0
             else:  # as train_gpt: no update at all, and three in a row stop the run
                 bad_steps += 1
@@ -1545,9 +1606,8 @@ def cmd_train(a):
             if device == "cuda":
                 torch.cuda.synchronize()
             ms = (time.time() - t0) * 1e3
-            train_loss, norm = np.float32(loss_sum / accum), np.sqrt(norm_squared)
             print(f"step {step + 1:5d}/{a.x} | loss {train_loss:.6f} | norm {norm:.4f} | lr {lr:.2e} | "
-                  f"{ms:.1f} ms | {total_batch / (ms * 1e-3):.0f} tok/s")
+                  f"{ms:.1f} ms | {total_batch / (ms * 1e-3):.0f} tok/s{' | skipped: ' + skipped if skipped else ''}")
             if metrics:
                 tok_s = total_batch / (ms * 1e-3)
                 metrics.write(f"{step + 1},{train_loss:.6f},,{lr:.6e},{norm:.6f},{ms:.3f},{tok_s:.1f}\n")
@@ -1702,6 +1762,12 @@ def main(argv=None):
     tr.add_argument("-c", type=ranged(float, 0.0, 10.0), default=0.1, metavar="WD", help="weight decay (default 0.1)")
     tr.add_argument("-gc", type=ranged(float, 0.0, 1e6), default=1.0, metavar="CLIP",
                     help="global gradient-norm clip, 0 = off (default 1.0)")
+    tr.add_argument("-sl", type=ranged(float, 0.0, 1e6), default=0.0, metavar="Z",
+                    help="skip the update of a step whose loss is more than Z standard deviations above the "
+                         "mean of the last 128 steps' losses, its own included (from step 129), 0 = off "
+                         "(default 0)")
+    tr.add_argument("-sg", type=ranged(float, 0.0, 1e6), default=0.0, metavar="Z",
+                    help="the same for the global gradient norm, 0 = off (default 0)")
     tr.add_argument("-v", type=ranged(int, 0, 1 << 30), default=20, metavar="N",
                     help="validation loss every N steps and at the end, 0 = never (default 20)")
     tr.add_argument("-m", type=ranged(int, 1, 1 << 20), default=20, metavar="N",

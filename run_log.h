@@ -1,4 +1,5 @@
 // run_log.h: a run folder's logs. main.log in llm.c's form ("s:STEP trl:LOSS" for a training step,
+// followed by " skip:loss_z=Z,norm_z=Z" (either or both) when the outlier guard skipped its update,
 // "s:STEP tel:LOSS" for a validation, "s:STEP eval:ACC_NORM" for HellaSwag) and metrics.csv (a header,
 // then a row per step, per validation and per evaluation; scripts/plot_runs.py reads it). Each row is flushed as it is written. A row that cannot
 // be written (a full disk) is said once on stderr and the run goes on: its checkpoints, written and
@@ -97,8 +98,9 @@ struct RunLogs {
         metrics.open(csv_path);
         if (csv_new) metrics.row("%s\n", kMetricsHeader);
     }
-    void train_step(int step, float loss, float lr, float norm, double ms, double tokens_per_s) {
-        main.row("s:%d trl:%.6f\n", step, loss);
+    // `skipped`: why the outlier guard skipped the step's update, in main.log's form ("" if it did not).
+    void train_step(int step, float loss, float lr, float norm, double ms, double tokens_per_s, const std::string& skipped) {
+        main.row("s:%d trl:%.6f%s%s\n", step, loss, skipped.empty() ? "" : " skip:", skipped.c_str());
         metrics.row("%d,%.6f,,%.6e,%.6f,%.3f,%.1f,,\n", step, loss, lr, norm, ms, tokens_per_s);
     }
     void validation(int step, float loss) {

@@ -6,8 +6,8 @@
 // parameter tensors are model_config.h's; each kernel family lives in its own header (encoder,
 // layernorm, matmul, attention, flash_attention, lm_head, classifier, adamw), the run's
 // infrastructure in headers of one job each: dataloader.h, checkpoint.h, run_log.h, schedule.h,
-// stop_signal.h, profiler.h, and for several GPUs distributed.cuh (the ranks) and zero.cuh (gradient
-// buckets, ZeRO-1 shards).
+// outlier_guard.h, stop_signal.h, profiler.h, and for several GPUs distributed.cuh (the ranks) and
+// zero.cuh (gradient buckets, ZeRO-1 shards).
 //
 // Precision is a build option: train_gpt_fp32 (everything fp32, cuBLAS without TF32) and
 // train_gpt_bf16 (bf16 parameters, gradients and activations; fp32 master weights, AdamW state,
@@ -15,7 +15,8 @@
 //
 // A training step never waits on the GPU: batches go up from pinned staging buffers, the loss is
 // summed on the device, and AdamW clips (or skips a non-finite step) from device values. The host
-// synchronises once, at the end of the step, and only then reads the loss and gradient norm.
+// synchronises once, at the end of the step, and only then reads the loss and gradient norm (with
+// the outlier guard on, -sl or -sg, also once before the update, which waits for its decision).
 //
 // Nothing touches the GPU before every input (flags, token files, tokenizer, checkpoints, output
 // folder) has been validated, so bad input fails with one line and exit code 1 even without a GPU.
@@ -51,6 +52,7 @@
 #include "lm_head.cuh"
 #include "matmul.cuh"
 #include "model_config.h"
+#include "outlier_guard.h"
 #include "profiler.h"
 #include "run_log.h"
 #include "schedule.h"
@@ -1250,6 +1252,7 @@ struct Options {
     float lr = 6e-4f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f;
     std::string schedule = "cosine";
     float wsd_decay = 0.2f;
+    double skip_loss_z = 0.0, skip_norm_z = 0.0;  // -sl, -sg: the outlier guard's Z, 0 = off
     int warmup = 10, val_every = 20, val_batches = 20, sample_every = 50, gen_len = 64;
     std::string prompt;
     float temperature = 1.0f;
@@ -1295,6 +1298,10 @@ static void usage(const Options& d) {
            "  -wd <float> wsd: the fraction of the steps that decays (default %g)\n"
            "  -c <float>  weight decay of matrices and embeddings (default %g)\n"
            "  -gc <float> global gradient-norm clip, 0 = off (default %g)\n"
+           "  -sl <float> skip the update of a step whose loss is more than Z standard deviations above the mean\n"
+           "              of the last 128 steps' losses, its own included (from step 129; z is at most 11.27;\n"
+           "              non-finite losses are left out) (default %g = off)\n"
+           "  -sg <float> the same for the global gradient norm (default %g = off)\n"
            "  -sd <int>   seed of init, shuffling and sampling (default %ld)\n"
            "  -sh <0|1>   shuffle the training sequences each epoch (default %d)\n"
            "validation and samples\n"
@@ -1334,8 +1341,9 @@ static void usage(const Options& d) {
            "and the program exits with code 75; a second signal ends it at once.\n",
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.schedule.c_str(), d.final_lr_frac, d.wsd_decay,
-           d.weight_decay, d.grad_clip, d.seed, d.shuffle, d.val_every, d.val_batches, d.sample_every, d.gen_len,
-           d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.exp_head, d.fp8, d.profile, d.stall_seconds);
+           d.weight_decay, d.grad_clip, d.skip_loss_z, d.skip_norm_z, d.seed, d.shuffle, d.val_every, d.val_batches,
+           d.sample_every, d.gen_len, d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide,
+           d.exp_head, d.fp8, d.profile, d.stall_seconds);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -1374,6 +1382,8 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-wd") o.wsd_decay = (float)parse_float_flag(fl, v, 0.0, 1.0);
         else if (f == "-c") o.weight_decay = (float)parse_float_flag(fl, v, 0.0, 10.0);
         else if (f == "-gc") o.grad_clip = (float)parse_float_flag(fl, v, 0.0, 1e6);
+        else if (f == "-sl") o.skip_loss_z = parse_float_flag(fl, v, 0.0, 1e6);
+        else if (f == "-sg") o.skip_norm_z = parse_float_flag(fl, v, 0.0, 1e6);
         else if (f == "-v") o.val_every = (int)parse_int_flag(fl, v, 0, 1 << 30);
         else if (f == "-he") path(o.eval_path);
         else if (f == "-m") o.val_batches = (int)parse_int_flag(fl, v, 1, 1 << 20), o.val_batches_given = true;
@@ -1485,6 +1495,8 @@ struct Run {
     std::vector<EvalExample> eval_examples;  // -he
     EvalScore last_eval;
     LearningRateSchedule schedule;
+    OutlierGuard guard;      // -sl, -sg, and the windows of the steps so far
+    OutlierVerdict verdict;  // the current step's
     GPT m;
     cudaDeviceProp prop{};
     RunLogs logs;
@@ -1678,6 +1690,20 @@ static void open_tokenizer(Run& r) {
                 o.warmup, o.max_steps, o.lr, r.schedule.at(o.max_steps - 1));
 }
 
+// The outlier guard: -sl and -sg, and the windows a resumed run's checkpoint holds (empty for a new
+// run, or a checkpoint written before the guard). The flags may differ from the checkpoint's run.
+static void plan_outlier_guard(Run& r) {
+    r.guard.loss_limit = r.o.skip_loss_z, r.guard.norm_limit = r.o.skip_norm_z;
+    r.guard.windows = r.state.outliers;
+    const double most = std::sqrt(double(kOutlierWindow - 1));  // z's bound, the value being in its window
+    const char* flags[2] = {"-sl", "-sg"};
+    const double limits[2] = {r.guard.loss_limit, r.guard.norm_limit};
+    for (int i = 0; i < 2; i++)
+        if (r.lead && limits[i] >= most)
+            fprintf(stderr, "warning: %s %g: a z over %d values that include the value itself is at most sqrt(%d) = %.2f, "
+                    "so this never skips an update\n", flags[i], limits[i], kOutlierWindow, kOutlierWindow - 1, most);
+}
+
 // Several GPUs: the ranks meet, and each is refused unless its run setup is rank 0's.
 static void meet_ranks(Run& r, int argc, char** argv) {
     Dist& dist = r.dist;
@@ -1794,6 +1820,10 @@ static void print_setup(const Run& r) {
     }
     printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s%s\n",
            m.memory.bytes / 1073741824.0, m.settings.recompute ? " (-r 1: GELU output of one layer, not L)" : "", fp8_text.c_str());
+    const OutlierGuard& g = r.guard;
+    printf("outlier guard: -sl %g -sg %g (0 = off): an update is skipped when the loss's or the grad norm's z over the last "
+           "%d steps' values is above it; %d and %d held now\n", g.loss_limit, g.norm_limit, kOutlierWindow,
+           g.windows.loss.count, g.windows.norm.count);
 }
 
 // The exp head writes a NaN loss for a row it refuses (lm_head.cuh: a token's loss above 44), which
@@ -1870,6 +1900,7 @@ static void checkpoint(Run& r, int step) {
     TrainState& st = r.state;
     st.step = step, st.loader_epoch = r.train.epoch, st.loader_cursor = r.train.cursor, st.sampler_rng = r.sampler.state;
     st.head = r.m.exp_head.on ? 2 : 1;
+    st.outliers = r.guard.windows;
     gpt_save_checkpoint(r.m, r.o.out_dir, st);
     if (r.lead) {
         DistSolo solo(r.dist);
@@ -1907,12 +1938,24 @@ static bool checkpoints(const Run& r, int step) {
     return !r.o.out_dir.empty() && r.o.checkpoint_every > 0 && step % r.o.checkpoint_every == 0;
 }
 
+// The step's mean loss: the same value on every rank (summed over them by the backward).
+static float step_mean_loss(const Run& r, const StepStats& stats) {
+    return (float)(stats.loss_sum / (r.accum * r.dist.world));
+}
+
+// The outlier guard's look at a step, once a step: its mean loss and gradient norm go into the
+// windows, and r.verdict says whether the update is to be skipped (returned) and why.
+static bool guard_step(Run& r, const StepStats& stats) {
+    r.verdict = r.guard.observe(step_mean_loss(r, stats), std::sqrt(stats.norm_squared));
+    return r.verdict.skip();
+}
+
 // One optimizer step (`step` counts completed steps), enqueued without waiting on the GPU: the loss
 // sum, the norm, the clipping factor and the skip decision live on the device until the one
-// synchronisation at its end. Each batch's host work (reading, grouping tokens, pinned copy) is done
-// while the GPU runs the micro-batch before, this step's or the last step's; not across validation,
-// sampling or a checkpoint, which use the slots or record the loader's position. Returns the step's
-// learning rate.
+// synchronisation at its end (with the outlier guard on, also one before the update). Each batch's
+// host work (reading, grouping tokens, pinned copy) is done while the GPU runs the micro-batch
+// before, this step's or the last step's; not across validation, sampling or a checkpoint, which use
+// the slots or record the loader's position. Returns the step's learning rate.
 static float train_step(Run& r, int step) {
     const Options& o = r.o;
     GPT& m = r.m;
@@ -1938,19 +1981,28 @@ static float train_step(Run& r, int step) {
     }
     gpt_grad_norm_squared(m);
     const float lr = r.schedule.at(step);
+    // The outlier guard decides from the step's loss and norm: with it on, the host waits for them
+    // here, before the update. A skipped update leaves the weights and AdamW's moments as they are;
+    // the gradients are dropped by the next step's gpt_zero_grad. The step still counts: the next
+    // update's t is its own step number, as after a non-finite step. Every rank holds the same two
+    // values and so decides alike; the vote makes sure (one rank updating while another skips would
+    // pair the all-gather with unlike collectives).
+    if (r.guard.on() && dp_sum(r.dist, int(guard_step(r, gpt_step_stats(m)))) > 0) return lr;
     AdamWConfig adam;
     adam.weight_decay = o.weight_decay;
     gpt_update(m, adam, lr, step + 1, o.grad_clip);  // writes nothing if the loss or norm is non-finite
     return lr;
 }
 
-// After a step's synchronisation: its loss and norm, what a non-finite one does, the report.
+// After a step's synchronisation: its loss and norm, what a non-finite one does, the report (which
+// names an update the outlier guard skipped, and why).
 static void finish_step(Run& r, int step, float lr, double ms) {
     const Options& o = r.o;
     GPT& m = r.m;
     const StepStats stats = gpt_step_stats(m);
-    r.train_loss = (float)(stats.loss_sum / (r.accum * r.dist.world));
+    r.train_loss = step_mean_loss(r, stats);
     const float norm = std::sqrt(stats.norm_squared);
+    if (!r.guard.on()) guard_step(r, stats);  // off: the windows still fill, for a resume with -sl or -sg
     if (!step_finite(stats)) {  // the device's decision, from the same two values (the same on every rank)
         r.bad_steps++;
         if (m.exp_head.on) exp_head_off(r, step + 1, "step");
@@ -1973,10 +2025,11 @@ static void finish_step(Run& r, int step, float lr, double ms) {
     const double tok_s = r.total_batch / (ms * 1e-3);
     const double eta = (o.max_steps - step - 1) * ms * 1e-3;
     if (!r.lead) return;
-    printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s\n", step + 1,
+    const std::string skipped = r.guard.reasons(r.verdict);
+    printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s%s%s\n", step + 1,
            o.max_steps, r.train_loss, norm, lr, ms, tok_s, 100.0 * r.flops_per_token * tok_s / r.dist.world / r.peak_flops,
-           format_duration(eta).c_str());
-    r.logs.train_step(step + 1, r.train_loss, lr, norm, ms, tok_s);
+           format_duration(eta).c_str(), skipped.empty() ? "" : " | skipped: ", skipped.c_str());
+    r.logs.train_step(step + 1, r.train_loss, lr, norm, ms, tok_s, r.guard.reasons(r.verdict, true));
 }
 
 // The training loop, from the resumed step to -x, then the last validation, sample and checkpoint.
@@ -2046,6 +2099,7 @@ int main(int argc, char** argv) {
     choose_model(r);
     open_data(r);
     open_tokenizer(r);
+    plan_outlier_guard(r);
     meet_ranks(r, argc, argv);
     // A descriptor's random init (seconds for d12) waits until every other input has been checked.
     if (r.fresh_init) r.host = random_init(r.host.config, (uint64_t)r.o.seed);

@@ -72,7 +72,9 @@ TRAIN_STATE = Header("train_state", TRAIN_STATE_MAGIC, TRAIN_STATE_VERSION, [
     ("step", 2, "i4"), ("B", 3, "i4"), ("T", 4, "i4"), ("crc", 5, "u4"), ("num_params", 8, "u8"),
     ("loader_epoch", 10, "u8"), ("loader_cursor", 12, "u8"), ("sampler_rng", 14, "u8"), ("seed", 16, "i8"),
     ("shuffle", 18, "i4"), ("data_crc", 19, "u4"), ("data_tokens", 20, "u8"), ("gelu_fusion", 22, "i4"),
-    ("recompute", 23, "i4"), ("total_batch", 24, "u8"), ("head", 26, "i4"), ("cursor_unit", 255, "i4")])
+    ("recompute", 23, "i4"), ("total_batch", 24, "u8"), ("head", 26, "i4"),
+    ("outlier_bytes", 27, "u4"),  # bytes of OUTLIER_WINDOWS after the three arrays (0: a file from before them)
+    ("cursor_unit", 255, "i4")])
 # TRAIN_STATE's cursor_unit: what loader_cursor counts (0 in files written before it was recorded).
 CURSOR_WINDOWS, CURSOR_SEQUENCES = 0, 1
 REFERENCE = Header("reference", REFERENCE_MAGIC, REFERENCE_VERSION, [
@@ -85,6 +87,13 @@ TOKENIZER = Header("tokenizer", TOKENIZER_MAGIC, TOKENIZER_VERSION, [("vocab_siz
 EVAL_FILE = Header("eval_file", EVAL_FILE_MAGIC, EVAL_FILE_VERSION, [
     ("examples", 2, "i4"), ("longest_example_bytes", 3, "i4")])
 FORMATS = [MODEL_FILE, LLMC_MODEL, TRAIN_STATE, REFERENCE, TOKEN_FILE, TOKENIZER, EVAL_FILE]
+
+# The train-state file's last section (outlier_guard.h's OutlierWindows): the outlier guard's window of
+# the loss, then of the gradient norm, each its count of values held, the slot of the next value and
+# the 128 slots.
+OUTLIER_WINDOW = 128
+OUTLIER_WINDOWS = np.dtype([(name, [("count", "<i4"), ("next", "<i4"), ("values", "<f8", (OUTLIER_WINDOW,))])
+                            for name in ("loss", "norm")])
 
 # The model's parameter tensors, as model_config.h's GPT_PARAMETER_TENSORS: (name, rows, cols as
 # functions of the config (cols None: a vector), weight decay, per layer (stacked over L), init). The

@@ -14,6 +14,15 @@
 //   checkpoint_tool evalfile FILE V        an eval file as evaluation.h reads it: each example's index, label,
 //                                          context and completions, a line each (or its one error line)
 //   checkpoint_tool logs DIR               open and close DIR's main.log and metrics.csv as a run starting there does
+//   checkpoint_tool outliers VALUES SL SG [DIR K]   the outlier guard (outlier_guard.h, -sl SL -sg SG) over
+//                                          the steps of the text file VALUES, a line "LOSS NORM" each
+//                                          (strtod's forms: 4.25, nan, inf): a line a step, "STEP LOSS_Z
+//                                          NORM_Z LOSS_SKIP NORM_SKIP | REASONS" (z as %.17g, nan: none).
+//                                          With DIR K: after step K the windows are saved in checkpoint
+//                                          K of DIR (write_checkpoint) and the rest runs on the windows
+//                                          loaded back from it (load_checkpoint), as a resumed run does
+//   checkpoint_tool windows DIR STEP       the outlier windows checkpoint STEP holds: "NAME COUNT NEXT" and
+//                                          the 128 slots (%.17g), a line per window
 //   checkpoint_tool formats DIR            each file format's header with every field set to a value of its own,
 //                                          written to DIR/NAME.bin, and "NAME FIELD VALUE" a field a line
 //                                          (test/test_formats.py compares both with data/file_formats.py)
@@ -43,6 +52,9 @@ static void make_state(int step, std::vector<float>& params, std::vector<float>&
     st = TrainState();
     st.step = step, st.loader_epoch = step / 7, st.loader_cursor = step % 7, st.sampler_rng = rng.next();
     st.B = 2, st.T = 8, st.seed = 1337, st.shuffle = 1, st.data_tokens = 12345, st.data_crc = 0xC0FFEE;
+    OutlierGuard guard;  // windows full or not, by the step
+    for (int i = 0; i < 60 + step % 150; i++) guard.observe(3.0 + rng.normal(), rng.uniform());
+    st.outliers = guard.windows;
 }
 
 // Sets a header field to the next value of a counter, and prints it.
@@ -120,6 +132,7 @@ static void write_formats(const std::string& dir) {
     SET_FIELD("train_state", st, shuffle); SET_FIELD("train_state", st, data_crc); SET_FIELD("train_state", st, data_tokens);
     SET_FIELD("train_state", st, gelu_fusion); SET_FIELD("train_state", st, recompute);
     SET_FIELD("train_state", st, total_batch); SET_FIELD("train_state", st, head); SET_FIELD("train_state", st, cursor_unit);
+    SET_FIELD("train_state", st, outlier_bytes);
     write_header(dir, "train_state", &st, sizeof(st));
     ReferenceHeader ref;
     KEEP_FIELD("reference", ref, magic); KEEP_FIELD("reference", ref, version);
@@ -147,7 +160,8 @@ int main(int argc, char** argv) {
     if (cmd == "-h" || cmd == "--help" || argc < 3) {
         printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp |\n"
                "       schedule KIND PEAK FINAL WARMUP STEPS DECAY | sample LOGITS TEMP TOP_K TOP_P SEED N | evalfile FILE V |\n"
-               "       logs DIR | formats DIR | batches TOKENS T D B WORLD SEED SHUFFLE STEPS [EPOCH CURSOR | STATE]\n");
+               "       logs DIR | formats DIR | batches TOKENS T D B WORLD SEED SHUFFLE STEPS [EPOCH CURSOR | STATE] |\n"
+               "       outliers VALUES SL SG [DIR K] | windows DIR STEP\n");
         return argc < 3 && cmd != "-h" && cmd != "--help";
     }
     if (cmd == "schedule" && argc == 8) {
@@ -228,7 +242,63 @@ int main(int argc, char** argv) {
         print_batches(tokens, T, D, B, world, seed, shuffle, steps, st.loader_epoch, st.loader_cursor);
         return 0;
     }
+    if (cmd == "outliers" && (argc == 5 || argc == 7)) {
+        std::vector<uint8_t> bytes;
+        std::string error;
+        if (!read_whole_file(argv[2], bytes, &error)) fail("outliers: %s", error.c_str());
+        std::vector<std::pair<double, double>> steps;
+        const std::string text(bytes.begin(), bytes.end());
+        for (size_t at = 0; at < text.size();) {
+            const size_t end = std::min(text.find('\n', at), text.size());
+            const std::string line = text.substr(at, end - at);
+            at = end + 1;
+            if (line.empty()) continue;
+            char* rest = nullptr;
+            const double loss = strtod(line.c_str(), &rest), norm = strtod(rest, &rest);
+            if (rest == line.c_str() || *rest != '\0')
+                fail("outliers: line %zu is not two numbers: '%s'", steps.size() + 1, line.c_str());
+            steps.push_back({loss, norm});
+        }
+        OutlierGuard guard;
+        guard.loss_limit = parse_float_flag("SL", argv[3], 0.0, 1e6);
+        guard.norm_limit = parse_float_flag("SG", argv[4], 0.0, 1e6);
+        const int resume_at = argc == 7 ? (int)parse_int_flag("K", argv[6], 1, (long)steps.size() - 1) : -1;
+        for (int step = 0; step < (int)steps.size(); step++) {
+            if (step == resume_at) {  // a checkpoint of step K, then a run resumed from it
+                std::vector<float> params, m, v;
+                TrainState st;
+                make_state(step, params, m, v, st);
+                st.outliers = guard.windows;
+                if (!write_checkpoint(argv[5], kConfig, st, params, m, v, &error)) fail("outliers: %s", error.c_str());
+                HostModel model;
+                TrainState loaded;
+                bool incomplete = false;
+                if (!load_checkpoint(argv[5], step, model, loaded, &error, &incomplete)) fail("outliers: %s", error.c_str());
+                guard.windows = loaded.outliers;  // all the resumed run knows of the steps before
+            }
+            const OutlierVerdict verdict = guard.observe(steps[step].first, steps[step].second);
+            printf("%d %.17g %.17g %d %d | %s\n", step + 1, verdict.loss_z, verdict.norm_z, (int)verdict.loss_skip,
+                   (int)verdict.norm_skip, guard.reasons(verdict).c_str());
+        }
+        return 0;
+    }
     const std::string dir = argv[2];
+    if (cmd == "windows" && argc == 4) {
+        HostModel model;
+        TrainState st;
+        std::string error;
+        bool incomplete = false;
+        if (!load_checkpoint(dir, (int)parse_int_flag("STEP", argv[3], 0, 99999999), model, st, &error, &incomplete))
+            fail("%s", error.c_str());
+        const OutlierWindow* windows[2] = {&st.outliers.loss, &st.outliers.norm};
+        const char* names[2] = {"loss", "norm"};
+        for (int i = 0; i < 2; i++) {
+            printf("%s %d %d", names[i], windows[i]->count, windows[i]->next);
+            for (double x : windows[i]->values) printf(" %.17g", x);
+            printf("\n");
+        }
+        return 0;
+    }
     if (cmd == "logs" && argc == 3) {  // what a run (rank 0) does to its folder's logs at start
         RunLogs logs;
         logs.open(dir);
@@ -271,7 +341,8 @@ int main(int argc, char** argv) {
         if (!load_checkpoint(dir, step, model, got, &error, &incomplete)) fail("checkpoint %d: %s", step, error.c_str());
         const bool same = model.params == params && got.adam_m == m && got.adam_v == v && got.loader_epoch == want.loader_epoch &&
                           got.loader_cursor == want.loader_cursor && got.sampler_rng == want.sampler_rng && got.B == want.B &&
-                          got.data_crc == want.data_crc && model.config.C == kConfig.C;
+                          got.data_crc == want.data_crc && model.config.C == kConfig.C &&
+                          memcmp(&got.outliers, &want.outliers, sizeof(OutlierWindows)) == 0;
         if (!same) fail("checkpoint %d loads, but holds other values than were saved", step);
         HostModel file_model;  // the model file holds the same parameters
         if (!read_model_file(checkpoint_path(dir, "model", step), file_model, &error) || file_model.params != params)

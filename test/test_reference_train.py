@@ -4,7 +4,10 @@ CPU only, a few seconds, on a small model and synthetic tokens. The loop written
 recipe's words with PyTorch's own pieces (torch.optim.AdamW with decay on 2-D tensors,
 torch.nn.utils.clip_grad_norm_, the schedule in float64, its own splitmix64 Fisher-Yates order over
 epochs); every step's loss and gradient norm, every validation loss and the final parameters must
-agree within 1e-5 relative. Also: a glob of shards equals the one concatenated file, metrics.csv and
+agree within 1e-5 relative. A run of 150 steps with the outlier guard (-sl, -sg) must skip the
+updates of the same steps as the loop's own guard (numpy's mean and std over a list of the last 128
+finite values; torch.optim.AdamW's step count set to the step number, skipped steps counted), the
+z it prints within a rounding of the loop's. Also: a glob of shards equals the one concatenated file, metrics.csv and
 the checkpoint of -o, train_gpt's own random init (-e d12 and friends) against a scalar
 transcription, non-finite steps skipped and the third one fatal, and bad flags rejected in one line.
 -o never writes over another run's metrics.csv, and Ctrl-C keeps the rows written (exit code 130).
@@ -36,7 +39,9 @@ import gpt_reference as ref  # noqa: E402
 # largest value (the checkpoint after AdamW); 1e-5 leaves 3x.
 BOUND = 1e-5
 MODEL = "L=2,NH=2,C=32,V=500,maxT=16"
-STEP_LINE = re.compile(r"^step +(\d+)/(\d+) \| loss (\S+) \| norm (\S+) \| lr (\S+) \| \S+ ms \| \S+ tok/s$")
+STEP_LINE = re.compile(r"^step +(\d+)/(\d+) \| loss (\S+) \| norm (\S+) \| lr (\S+) \| \S+ ms \| \S+ tok/s"
+                       r"(?: \| skipped: (.*))?$")
+SKIP_REASON = re.compile(r"(loss|norm) z (\S+) > (\S+)")
 VAL_LINE = re.compile(r"^step +(\d+) \| val loss (\S+)$")
 
 
@@ -57,9 +62,24 @@ def splitmix64(seed):
         yield z ^ (z >> 31)
 
 
+def outlier_z(window, x):
+    """The outlier guard's z of x, from its description: x joins `window` (the last 128 finite values),
+    z = (x - mean) / std over the window with it, when the window was full before it; else nan."""
+    if not math.isfinite(x):
+        return math.nan
+    full = len(window) == 128
+    window.append(x)
+    del window[:-128]
+    if not full:
+        return math.nan
+    values = np.array(window)
+    std = values.std()
+    return float((x - values.mean()) / std) if std > 0 else 0.0
+
+
 def train_here(ckpt, tokens, val, a):
-    """The recipe, written from its description. Returns per-step losses and norms, {step: val loss}
-    and the final parameters."""
+    """The recipe, written from its description. Returns per-step losses and norms, {step: val loss},
+    the final parameters and {step: (loss z, norm z, skipped)} of the outlier guard from step 129 on."""
     model = ref.read_checkpoint(ckpt)
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() == 2], "weight_decay": a["c"]},
@@ -97,7 +117,8 @@ def train_here(ckpt, tokens, val, a):
         return low + 0.5 * (a["l"] - low) * (1 + math.cos(math.pi * progress))
 
     ids, accum = sequence_ids(), a["d"] // (B * T)
-    losses, norms, lrs, vals = [], [], [], {}
+    losses, norms, lrs, vals, guard = [], [], [], {}, {}
+    loss_window, norm_window = [], []
     for step in range(a["x"]):
         if a["v"] and step % a["v"] == 0:
             vals[step] = val_loss()
@@ -110,13 +131,21 @@ def train_here(ckpt, tokens, val, a):
         norm = torch.nn.utils.clip_grad_norm_(params, a["gc"] if a["gc"] > 0 else float("inf"))
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        opt.step()
+        zl, zg = outlier_z(loss_window, total / accum), outlier_z(norm_window, float(norm))
+        skip = a.get("sl", 0) > 0 and zl > a["sl"] or a.get("sg", 0) > 0 and zg > a["sg"]
+        if not math.isnan(zl):
+            guard[step + 1] = (zl, zg, skip)
+        for p in params:  # AdamW's t is the step number: skipped steps count
+            if opt.state[p]:
+                opt.state[p]["step"].fill_(step)
+        if not skip:
+            opt.step()
         losses.append(total / accum)
         norms.append(float(norm))
         lrs.append(lr_at(step))
     if a["v"]:
         vals[a["x"]] = val_loss()
-    return losses, norms, lrs, vals, ref.model_params(model)
+    return losses, norms, lrs, vals, ref.model_params(model), guard
 
 
 def process(args, timeout=120):
@@ -168,6 +197,22 @@ def worst_rel(a, b):
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12))) if a.shape == b.shape and a.size else float("inf")
 
 
+def check_guard(steps, want, a):
+    """The reference's skipped steps and printed z against the loop's own guard."""
+    got = {int(s[0]): s[5] for s in steps if s[5]}
+    want_skips = sorted(s for s, (_, _, skip) in want.items() if skip)
+    check(f"-sl {a['sl']} -sg {a['sg']}: the same steps skipped as the loop's guard (from step 129)",
+          sorted(got) == want_skips and want_skips and min(want_skips) >= 129,
+          f"reference {sorted(got)}, here {want_skips}")
+    worst, margin = 0.0, min((min(abs(zl - a["sl"]), abs(zg - a["sg"])) for zl, zg, _ in want.values()), default=0.0)
+    for step, text in got.items():
+        for name, z, limit in SKIP_REASON.findall(text):
+            here = want.get(step, (math.nan, math.nan))[0 if name == "loss" else 1]
+            worst = max(worst, abs(float(z) - here)) if math.isfinite(here) else math.inf
+    check("  ... each printed z (3 decimals) within 1e-3 of the loop's", worst <= 1e-3,
+          f"worst {worst:.1e}; the loop's z come no closer than {margin:.3f} to the limits")
+
+
 def main():
     holder = tempfile.TemporaryDirectory(prefix="test_reference_train.")
     tmp = holder.name
@@ -188,10 +233,12 @@ def main():
          dict(b=16, t=16, d=512, x=6, u=2, l=3e-3, q=0.1, c=0.1, gc=0.5, v=3, m=2, sd=7, sh=1)),
         ("in order, no accumulation, clip off, no warm-up",
          dict(b=4, t=16, d=64, x=5, u=0, l=1e-3, q=0.5, c=0.0, gc=0.0, v=2, m=3, sd=1, sh=0)),
+        ("the outlier guard: 150 steps, its windows full from step 129",
+         dict(b=4, t=16, d=64, x=150, u=3, l=1e-3, q=1.0, c=0.1, gc=0.0, v=50, m=1, sd=1, sh=1, sl=1.5, sg=1.5)),
     ]
     for what, a in runs:
         print(what + ": " + " ".join(flags(a)))
-        out_dir = p("out_" + str(a["sh"]))
+        out_dir = p("out_" + str(a["sh"]) + ("_guard" if "sl" in a else ""))
         rc, out, err = ref_cli(["train", "-e", ckpt, "-i", p("data", "x_train_*.bin"), "-j", p("data", "val.bin"),
                                 "-o", out_dir, "--device", "cpu"] + flags(a))
         steps, vals = parse(out)
@@ -207,7 +254,9 @@ def main():
         loss = [float(r[1]) for r in train_rows]
         norm = [float(r[4]) for r in train_rows]
         lr = [float(r[3]) for r in train_rows]
-        want_loss, want_norm, want_lr, want_vals, want_params = train_here(p("model.ckpt"), stream, val, a)
+        want_loss, want_norm, want_lr, want_vals, want_params, want_guard = train_here(p("model.ckpt"), stream, val, a)
+        if "sl" in a:
+            check_guard(steps, want_guard, a)
         e = worst_rel(loss, want_loss)
         check("every step's loss == the loop written here", e <= BOUND, f"worst {e:.1e}, bound {BOUND:.0e}")
         e = worst_rel(norm, want_norm)
@@ -295,13 +344,17 @@ def main():
             ("-j fewer than T+1 tokens", ["-j", p("data", "short.bin")], "T+1"),
             ("-sh 2", ["-sh", "2"], "-sh"),
             ("-l -1", ["-l", "-1"], "-l"),
+            ("-sl -1 (the outlier guard's Z)", ["-sl", "-1"], "-sl"),
+            ("-sg nan", ["-sg", "nan"], "-sg"),
+            ("-sg inf", ["-sg", "inf"], "-sg"),
             ("-e missing", ["-e", p("none.ckpt")], "none.ckpt"),
             ("an unknown flag (-ge, train_gpt's GPU flag)", ["-ge", "1"], "-ge")):
         rc, _, err = ref_cli(base + extra)
         ok, line = one_line_error(rc, err, mention)
         check(what, ok, line)
     rc, out, _ = ref_cli(["train", "-h"])
-    check("train -h: usage with train_gpt's flag letters", rc == 0 and all(f in out for f in ("-gc", "-sd", "-sh", "-o DIR")))
+    check("train -h: usage with train_gpt's flag letters",
+          rc == 0 and all(f in out for f in ("-gc", "-sd", "-sh", "-sl", "-sg", "-o DIR")))
 
     print("-o: metrics.csv of another run is kept; Ctrl-C keeps the rows written")
     csv = os.path.join(p("out_0"), "metrics.csv")

@@ -17,6 +17,18 @@
 #                                                            the jumps magnify the last-bit differences of
 #                                                            any two fp32 implementations to ~1e-5 by step 9
 #   3. -e d6 -b 8 -t 64 -x 3 -v 0 -s 0 -sh 0                train_gpt's own random init on both sides (fp32)
+#   4. -e tiny -b 4 -t 32 -x 180 -v 50 -m 2 -sh 1 -sd 7 -l 1e-3 -u 3 -q 1 -sl 1 -sg 2.2
+#                                                            the outlier guard (fp32): a small model
+#                                                            (L=2,NH=3,C=39,V=1237) on tokens of its
+#                                                            vocabulary; the gradient norm spikes once past
+#                                                            the window (one update skipped on the CPU, step
+#                                                            153; the nearest z 0.12 from its Z)
+#   5. -e tiny -b 4 -t 32 -x 160 -v 0 -sh 1 -sd 7 -l 0 -u 0 -sl 1.5 -sg 1.5
+#                                                            the guard on values without a trend (-l 0): a
+#                                                            loss and two norms skipped (3 on the CPU, the
+#                                                            nearest z 0.09 from its Z)
+#      Both must skip the updates of the same steps, for the same value, as the reference, its printed z
+#      within 0.01; and skip at least one.
 # train_gpt prints norms with 4 decimals and losses with 6: a value may also differ by half of its
 # last printed digit (the reference's values come from its metrics.csv, 6 decimals).
 #
@@ -31,7 +43,9 @@ PYTHON=${PYTHON:-python3}
 runs=("fp32|-b 16 -t 64 -d 2048 -x 12 -v 0 -s 0 -sh 0"
       "bf16|-b 16 -t 64 -d 2048 -x 12 -v 0 -s 0 -sh 0"
       "fp32|-b 8 -t 64 -d 2048 -x 12 -v 4 -m 2 -s 0 -sh 1 -sd 7 -l 1e-4 -u 2"
-      "fp32|-e d6 -b 8 -t 64 -x 3 -v 0 -s 0 -sh 0")
+      "fp32|-e d6 -b 8 -t 64 -x 3 -v 0 -s 0 -sh 0"
+      "fp32|-e tiny -b 4 -t 32 -x 180 -v 50 -m 2 -s 0 -sh 1 -sd 7 -l 1e-3 -u 3 -q 1 -sl 1 -sg 2.2"
+      "fp32|-e tiny -b 4 -t 32 -x 160 -v 0 -s 0 -sh 1 -sd 7 -l 0 -u 0 -sl 1.5 -sg 1.5")
 passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -47,19 +61,27 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if ! "$PYTHON" gpt_reference.py init --model d12 --seed 1337 --out "$tmp/d12.ckpt" >/dev/null ||
    ! "$PYTHON" test/train_inputs.py tokens "$tmp/train.bin" 32769 --vocab 50257 ||
-   ! "$PYTHON" test/train_inputs.py tokens "$tmp/val.bin" 8193 --vocab 50257 --seed 1; then
+   ! "$PYTHON" test/train_inputs.py tokens "$tmp/val.bin" 8193 --vocab 50257 --seed 1 ||
+   ! "$PYTHON" gpt_reference.py init --model L=2,NH=3,C=39,V=1237,maxT=50 --seed 3 --out "$tmp/tiny.ckpt" >/dev/null ||
+   ! "$PYTHON" test/train_inputs.py tokens "$tmp/train1237.bin" 30000 ||
+   ! "$PYTHON" test/train_inputs.py tokens "$tmp/val1237.bin" 6000 --seed 1 ||
+   ! "$PYTHON" test/train_inputs.py tokenizer "$tmp/tok1237.bin" 1237; then
     echo "FAIL: could not write the checkpoint and token files"
     echo "0 passed, 1 failed, 0 skipped"
     exit 1
 fi
 
-# compare OURS_LOG REFERENCE_DIR TOL: prints every step side by side; ends with the count line of
-# its checks (losses, norms, and validation losses when the run validates).
+# compare OURS_LOG REFERENCE_DIR TOL [REFERENCE_LOG]: prints every step side by side; ends with the
+# count line of its checks (losses, norms, and validation losses when the run validates). With
+# REFERENCE_LOG (the reference's printed lines; runs with the outlier guard) also the updates skipped.
 compare() {
     "$PYTHON" - "$@" <<'EOF'
 import csv, math, re, sys
 ours_log, ref_dir, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+ref_log = sys.argv[4] if len(sys.argv) > 4 else None
 step_re = re.compile(r"^step +(\d+)/\d+ \| loss (\S+) \| norm (\S+) \|")
+skip_re = re.compile(r"^step +(\d+)/\d+ \|.* \| skipped: (.*)$")
+reason_re = re.compile(r"(loss|norm) z (\S+) > \S+")
 val_re = re.compile(r"^step +(\d+) \| val loss (\S+)$")
 ours, ours_val = {}, {}
 for line in open(ours_log):
@@ -93,6 +115,18 @@ for what, a, b in (("losses", {s: v[0] for s, v in ours.items()}, {s: v[0] for s
     passed, failed = passed + ok, failed + (not ok)
     print(f"  {len(b)} {what}{' (steps ' + str(sorted(a)) + ' vs ' + str(sorted(b)) + ')' if not same else ''}: "
           f"{'ok' if ok else 'FAIL'}  worst {worst:.2e}, bound {tol:g} relative")
+if ref_log:  # the outlier guard: {step: {value: printed z}} of the updates skipped on each side
+    def skips(path):
+        return {int(m[1]): {name: float(z) for name, z in reason_re.findall(m[2])}
+                for m in map(skip_re.match, open(path)) if m}
+    ours_skips, ref_skips = skips(ours_log), skips(ref_log)
+    same = {s: sorted(v) for s, v in ours_skips.items()} == {s: sorted(v) for s, v in ref_skips.items()}
+    worst = max((abs(ours_skips[s][k] - v) for s, zs in ref_skips.items() for k, v in zs.items()), default=0.0) if same else math.inf
+    ok = same and len(ref_skips) > 0 and worst <= 0.01
+    passed, failed = passed + ok, failed + (not ok)
+    listed = lambda d: ", ".join(f"{s} ({'+'.join(sorted(v))})" for s, v in sorted(d.items())) or "none"  # noqa: E731
+    print(f"  updates skipped by the outlier guard, ours: {listed(ours_skips)}; PyTorch: {listed(ref_skips)}: "
+          f"{'ok' if ok else 'FAIL'}  worst printed z apart {worst:.1e}, bound 0.01; at least one skip")
 print(f"{passed} passed, {failed} failed, 0 skipped")
 EOF
 }
@@ -102,8 +136,15 @@ for run in "${runs[@]}"; do
     i=$((i + 1))
     prec=${run%%|*}
     read -r -a flags <<<"${run#*|}"
-    [[ ${flags[0]} == -e ]] || flags=(-e "$tmp/d12.ckpt" "${flags[@]}")
-    flags+=(-i "$tmp/train.bin" -j "$tmp/val.bin")
+    ours_only=()
+    if [[ ${flags[1]} == tiny ]]; then  # the small model, on tokens of its vocabulary (and ours on its tokenizer)
+        flags[1]=$tmp/tiny.ckpt
+        flags+=(-i "$tmp/train1237.bin" -j "$tmp/val1237.bin")
+        ours_only=(-z "$tmp/tok1237.bin")
+    else
+        [[ ${flags[0]} == -e ]] || flags=(-e "$tmp/d12.ckpt" "${flags[@]}")
+        flags+=(-i "$tmp/train.bin" -j "$tmp/val.bin")
+    fi
     tol=$([[ $prec == fp32 ]] && echo 1e-5 || echo 1e-2)
     echo "=== run $i: train_gpt_$prec ${flags[*]}"
     if [[ ! -x ./train_gpt_$prec ]]; then
@@ -111,7 +152,7 @@ for run in "${runs[@]}"; do
         failed=$((failed + 1))
         continue
     fi
-    if ! ./train_gpt_"$prec" "${flags[@]}" >"$tmp/ours_$i.log" 2>&1; then
+    if ! ./train_gpt_"$prec" "${flags[@]}" "${ours_only[@]}" >"$tmp/ours_$i.log" 2>&1; then
         tail -n 5 "$tmp/ours_$i.log"
         echo "  FAIL: train_gpt_$prec exited with an error"
         failed=$((failed + 1))
@@ -123,7 +164,9 @@ for run in "${runs[@]}"; do
         failed=$((failed + 1))
         continue
     fi
-    compare "$tmp/ours_$i.log" "$tmp/ref_$i" "$tol" | tee "$tmp/compare.log"
+    guard_log=()
+    [[ " ${flags[*]} " == *" -sl "* || " ${flags[*]} " == *" -sg "* ]] && guard_log=("$tmp/ref_$i.log")
+    compare "$tmp/ours_$i.log" "$tmp/ref_$i" "$tol" "${guard_log[@]}" | tee "$tmp/compare.log"
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$tmp/compare.log" | tail -n 1)
     if [[ -z $line ]]; then
         echo "  FAIL: the comparison ended without a count line"

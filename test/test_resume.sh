@@ -13,6 +13,10 @@
 #                    relative of A's (test/compare_steps.sh's close: the same sequences, another
 #                    rounding); and a run at -b 8 from the start against A: every step and val loss
 #                    within 1e-5
+#   outlier guard    U: 170 steps of a small model with -sl 1.5 -sg 1.5 (updates skipped from step 129 on),
+#                    checkpoints at 140 and 170; R: the same stopped at 140, then -y 1. Checkpoint 140
+#                    holds both windows full; U skips updates after 140; R's steps 141..170 (loss, norm,
+#                    what was skipped and why) are U's, and so is its final checkpoint, byte for byte
 #   keep-K           -n 5 -nk 2 -x 20: exactly the checkpoints of steps 15 and 20 remain; -v 0 ends
 #                    without a validation loss
 #   corrupt newest   a byte flipped in A's newest state file: -y 1 warns once (naming the file),
@@ -39,7 +43,7 @@ set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 read -r -a precisions <<<"${PRECISIONS:-fp32 bf16}"  # PRECISIONS="bf16" runs one
-checks=(determinism resume keep-K corrupt-newest faults-and-signals oom non-finite)  # fp32 adds another-b, bf16 exp-head
+checks=(determinism resume outlier-guard keep-K corrupt-newest faults-and-signals oom non-finite)  # fp32 adds another-b, bf16 exp-head
 passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -69,6 +73,11 @@ show() { sed 's/^/      | /' "$1" | tail -n "${2:-6}"; }
 # "step loss norm" of every step line, "step val-loss" of every val line
 steps_of() { sed -nE 's/^step +([0-9]+)\/[0-9]+ \| loss ([^ ]+) \| norm ([^ ]+) .*/\1 \2 \3/p' "$1"; }
 vals_of() { sed -nE 's/^step +([0-9]+) \| val loss ([^ ]+).*/\1 \2/p' "$1"; }
+# "step loss norm why" of every step line, why the outlier guard's reasons for a skipped update or "-"
+guard_steps_of() {
+    awk '/^step +[0-9]+\// { split($2, s, "/"); at = index($0, "| skipped: ")
+                            print s[1], $5, $8, at ? substr($0, at + 11) : "-" }' "$1"
+}
 in_range() { awk -v lo="$1" -v hi="$2" '$1 >= lo && $1 <= hi'; }
 source test/compare_steps.sh  # close: two runs' lines within a relative bound
 # train LOG ARGS...: runs ./$bin with a time limit; stdout in LOG.out, stderr in LOG.err; sets rc
@@ -196,6 +205,45 @@ for prec in "${precisions[@]}"; do
         close "[$prec] another -b: a run at -b 8 against A, val losses (0, 5, .., 20)" "$p/a.out" "$p/f.out" 1e-5 5 loss vals
     fi
 
+    # ---- outlier guard: its windows are part of a checkpoint
+    guard=(-e "$tmp/tiny.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 32 -sh 1 -sd 7
+           -l 1e-3 -u 3 -q 1 -v 0 -s 0 -n 140 -sl 1.5 -sg 1.5)
+    train "$p/gu" "${guard[@]}" -x 170 -o "$p/GU"
+    rcu=$rc
+    train "$p/gr" "${guard[@]}" -x 140 -o "$p/GR"
+    rcr=$rc
+    train "$p/gr2" "${guard[@]}" -x 170 -o "$p/GR" -y 1
+    if [[ $rcu -ne 0 || $rcr -ne 0 || $rc -ne 0 ]]; then
+        report "[$prec] outlier guard: runs U, R (140 steps), R resumed" 0 "exit codes $rcu, $rcr, $rc"
+        show "$p/gu.err"; show "$p/gr.err"; show "$p/gr2.err"
+    else
+        held=$("$PYTHON" - "$p/GR/state_00000140.bin" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "data")
+import file_formats as ff
+data = open(sys.argv[1], "rb").read()
+windows = np.frombuffer(data[-ff.OUTLIER_WINDOWS.itemsize:], ff.OUTLIER_WINDOWS)[0]
+print(ff.TRAIN_STATE.unpack(data)["outlier_bytes"], int(windows["loss"]["count"]), int(windows["norm"]["count"]))
+EOF
+)
+        report "[$prec] outlier guard: checkpoint 140 holds both windows, full" "$([[ $held == "2064 128 128" ]] && echo 1 || echo 0)" \
+            "outlier_bytes and counts: $held"
+        report "[$prec] outlier guard: R resumed says its windows hold 128 values each" \
+            "$(grep -q '^outlier guard: .* 128 and 128 held now' "$p/gr2.out" && echo 1 || echo 0)" "$(grep -m1 '^outlier guard' "$p/gr2.out")"
+        guard_steps_of "$p/gu.out" | in_range 141 170 >"$p/gu.second"
+        guard_steps_of "$p/gr2.out" >"$p/gr2.steps"
+        nskip=$(grep -vc ' -$' "$p/gu.second")
+        report "[$prec] outlier guard: U skips updates after step 140" "$([[ $nskip -ge 1 ]] && echo 1 || echo 0)" \
+            "$nskip of steps 141..170, $(grep -c '| skipped: ' "$p/gu.out") in all"
+        same "[$prec] outlier guard: resumed R's steps 141..170 = U's (loss, norm, skipped)" "$p/gu.second" "$p/gr2.steps" 30
+        for f in state_00000170.bin model_00000170.bin; do
+            if cmp -s "$p/GU/$f" "$p/GR/$f"; then report "[$prec] outlier guard: R's $f = U's, byte for byte" 1 ""
+            else report "[$prec] outlier guard: R's $f = U's, byte for byte" 0 "$(cmp "$p/GU/$f" "$p/GR/$f" 2>&1 | head -n 1)"; fi
+        done
+    fi
+    rm -rf "$p/GU" "$p/GR"
+
     # ---- keep-K (the small model: only the files matter)
     train "$p/k" -e "$tmp/tiny.ckpt" -i "$tmp/train.bin" -j "$tmp/val.bin" -z "$tmp/tok1237.bin" -b 4 -t 32 -x 20 \
         -v 0 -s 0 -o "$p/K" -n 5 -nk 2
@@ -245,7 +293,7 @@ for prec in "${precisions[@]}"; do
         report "[$prec] faults: the step-10 save makes $ops file operations" "$([[ $ops -ge 18 ]] && echo 1 || echo 0)" \
             "$(awk '{print $2}' "$p/trace" 2>/dev/null | uniq -c | awk '{printf "%s %s, ", $1, $2}')"
         # kill -9 before some of them, spread over the save; then -y 1 runs to step 20.
-        for k in 1 4 6 9 14 16 18; do  # the model file's create, fsync, rename; the state file's create, fsync, rename; after
+        for k in 1 4 6 9 15 17 19; do  # the model file's create, fsync, rename; the state file's create, fsync, rename; after
             d=$p/kill_$k
             (FAULT_ONLY="$d" FAULT_AFTER=model_00000010 FAULT_AT=$k FAULT_ACTION=kill LD_PRELOAD=$shim train "$p/k$k" "${small[@]}" -x 20 -o "$d"
              exit $rc) 2>/dev/null

@@ -253,6 +253,10 @@ for prec in fp32 bf16; do
         expect_error "-f8 1 in the fp32 build" "flag -f8 1: FP8 linear layers need the bf16 build" "${base[@]}" -f8 1
         expect_error "-f8 1 -t 24 in the fp32 build: the build named first" "bf16 build" "${base[@]}" -f8 1 -t 24
     fi
+    expect_valid "-sl 3 -sg 11.26 accepted (the outlier guard)" "${base[@]}" -sl 3 -sg 11.26
+    expect_valid "-sl 0 -sg 0 accepted (the guard off)" "${base[@]}" -sl 0 -sg 0
+    expect_warning_no_gpu "-sl 11.27 (at least sqrt(127), never reached): one warning" "-sl 11.27: .*never skips" "${base[@]}" -sl 11.27
+    expect_warning_no_gpu "-sg 1e6 (never reached): one warning" "-sg 1e\+06: .*never skips" "${base[@]}" -sg 1e6
     expect_valid "-d 64 = 2*B*T (accumulation) accepted" "${base[@]}" -d 64
     expect_valid "-t 50 = maxT accepted" "${base[@]}" -t 50
     expect_valid "-e with crc32 (our model file) accepted" "${base[@]}" -e "$tmp/ours.ckpt"
@@ -270,7 +274,7 @@ for prec in fp32 bf16; do
             expect_error "$f '$v'" "flag $f:" "${base[@]}" "$f" "$v"
         done
     done
-    float_flags=("-l 0 10" "-q 0 1" "-c 0 10" "-gc 0 1000000")
+    float_flags=("-l 0 10" "-q 0 1" "-c 0 10" "-gc 0 1000000" "-sl 0 1000000" "-sg 0 1000000")
     for spec in "${float_flags[@]}"; do
         read -r f lo hi <<<"$spec"
         for v in abc 1e-3x "" " 1" nan inf -inf 1e999 -1 -0.001 "$((hi + 1))"; do

@@ -12,7 +12,8 @@ Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts f
         [--total-batch D] [--windows]
                                             a training-state file for the model checkpoint MODEL, as
                                             train_gpt writes it (master = MODEL's parameters, AdamW
-                                            m = v = 0, its crc field set) for a run of -b B -t T
+                                            m = v = 0, its crc field set; no outlier windows, as before
+                                            the outlier guard: they load empty) for a run of -b B -t T
                                             -sd S (default 1337) -sh (default 1) -ge G -r R (defaults: the
                                             bf16 build's, 2 and 0) -d D (default B*T) on the token file
                                             TOKENS, at data position (E, K) in sequences; --windows: as
