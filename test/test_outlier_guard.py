@@ -44,7 +44,7 @@ def tool(*args):
 
 def write_values(path, steps):
     with open(path, "w") as f:
-        f.write("\n".join(f"{loss!r} {norm!r}" for loss, norm in steps))
+        f.write("\n".join(f"{float(loss)!r} {float(norm)!r}" for loss, norm in steps))  # numpy 2 scalars repr as np.float64(..)
 
 
 def parse_run(out):
