@@ -47,6 +47,7 @@
 #include "evaluation.h"
 #include "fileio.h"
 #include "flash_attention.cuh"
+#include "fp8.cuh"
 #include "layernorm.cuh"
 #include "lm_head.cuh"
 #include "matmul.cuh"
@@ -201,6 +202,7 @@ struct GPTSettings {
     int gelu_fusion = GELU_FUSION_DEFAULT;  // GELU in cuBLASLt epilogues: 0 none, 1 forward, 2 forward and backward
     int recompute = RECOMPUTE_DEFAULT;      // 1: fch_gelu holds one layer, the backward recomputes it from fch
     bool overlap = OVERLAP_DEFAULT;         // the backward's weight gradients on their own stream
+    bool fp8 = false;                       // the blocks' linear layers in FP8 (-f8 1, bf16 builds; Fp8Buffers)
     bool inference = false;                 // forward only (generation): no gradients or optimizer state
 };
 
@@ -299,6 +301,30 @@ struct WeightStream {
     cudaEvent_t done[4] = {};
 };
 
+// FP8 linear layers (-f8 1, fp8.cuh): each block's four linear layers run their three GEMMs in FP8,
+// forward e4m3 x e4m3 (fast accumulation), dinp e4m3 weight x e5m2 dout and dweight e4m3 inp x e5m2
+// dout (fp32 promotion), every output bf16 as in the bf16 path; one scale per tensor from its amax now.
+// LayerNorm, attention, GELU, the residual stream, the LM head and AdamW are the bf16 path's. The
+// buffers, allocated only with -f8 1:
+//   weight[k]: (L, OC, C) e4m3 copies of layer k's weights and their transposes (L, C, OC), made
+//              when the weights change (gpt_cast_weights_fp8), not per micro-batch;
+//   act:       (B T, up to 4C) e4m3, one layer's input: its natural copy in the forward, its transposed
+//              copy in the backward (the weight stream's), one buffer as the two never live at once
+//              (the backward starts after the forward's last read; the next forward after the
+//              weight stream's last);
+//   dout[k]:   (B T, OC) e5m2, layer k's output gradient, natural (dinp) and transposed (dweight);
+//              one pair per layer of a block, so the weight stream may still read the block above's
+//              while this one's is cast (no waits beyond the bf16 path's).
+enum LinearLayer { kQkv, kAttproj, kFc, kFcproj };
+constexpr int kLinearIn[4] = {1, 1, 1, 4}, kLinearOut[4] = {3, 1, 4, 1};  // each layer's C and OC, in units of C
+struct Fp8Buffers {
+    bool on = false;
+    Fp8Tensor weight[4];  // per LinearLayer; fp8_weight views one block's
+    Fp8Tensor act;
+    Fp8Tensor dout[4];    // per LinearLayer
+    size_t bytes = 0;     // all of them, scales included
+};
+
 struct GPT {
     GPTConfig config;
     GPTSettings settings;
@@ -310,6 +336,7 @@ struct GPT {
     ExpHead exp_head;
     BatchStaging batch;
     WeightStream wgrad;
+    Fp8Buffers fp8;
     DataParallel dp;
     DeviceMemory memory;
     Profiler profiler;
@@ -423,6 +450,88 @@ inline void gpt_create_activations(GPT& m, int B, int T) {
     }
 }
 
+// -f8 1: an FP8 function's refusal ends the run (the shapes were checked at gpt_create).
+inline void fp8_must(const std::string& why) {
+    if (!why.empty()) fail("-f8 1: %s", why.c_str());
+}
+
+// fp8_quantize (fp8.cuh) reads bf16. An fp32 build never gets here (gpt_create_fp8 refuses -f8 1);
+// this call compiles in both.
+template <typename T>
+void fp8_cast(Fp8Tensor& t, const T* x, int R, int C, bool natural, bool transposed, cudaStream_t stream = 0, int ld = 0) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_quantize(t, x, R, C, natural, transposed, stream, ld));
+    else fail("FP8 casts need a bf16 build");
+}
+
+// Block l's weight of linear layer k (OC, C), bf16, and its FP8 copies.
+inline floatX* linear_weight(const GPT& m, LinearLayer k, int l) {
+    const ParameterTensors& p = m.weights.params;
+    floatX* const stacked[4] = {p.qkvw, p.attprojw, p.fcw, p.fcprojw};
+    return stacked[k] + size_t(l) * kLinearIn[k] * kLinearOut[k] * m.config.C * m.config.C;
+}
+inline Fp8Tensor fp8_weight(const GPT& m, LinearLayer k, int l) {
+    Fp8Tensor w = m.fp8.weight[k];
+    w.capacity = size_t(w.R) * w.C;
+    w.q += l * w.capacity, w.qt += l * w.capacity, w.meta += 4 * l;  // 16 bytes: 1 / s stays aligned
+    return w;
+}
+
+// The weights' FP8 copies, made whenever the weights change (gpt_create, gpt_update) and read by
+// every micro-batch of the step: one amax and one cast per weight matrix, writing both e4m3 copies
+// (natural for the forward, transposed for dinp). 4L small casts on the default stream.
+inline void gpt_cast_weights_fp8(GPT& m) {
+    if (!m.fp8.on) return;
+    m.profiler.mark("opt.fp8cast");
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < m.config.L; l++) {
+            Fp8Tensor w = fp8_weight(m, LinearLayer(k), l);
+            fp8_cast(w, linear_weight(m, LinearLayer(k), l), w.R, w.C, true, true);
+        }
+}
+
+// -f8 1: the FP8 buffers (Fp8Buffers) for batches of up to B x T, and the weights' first copies.
+// Refused in one line where cuBLASLt's FP8 GEMMs cannot run: an fp32 build, a GPU below compute
+// capability 8.9, a C (so 3C, 4C) or a T (so every batch's B T rows) not a multiple of 16.
+inline void gpt_create_fp8(GPT& m, int B, int T) {
+    if (!std::is_same<floatX, __nv_bfloat16>::value) fail("-f8 1: FP8 linear layers need the bf16 build (train_gpt_bf16)");
+    int device = 0;
+    cudaDeviceProp prop;
+    cuda_check(cudaGetDevice(&device));
+    cuda_check(cudaGetDeviceProperties(&prop, device));
+    if (prop.major * 10 + prop.minor < 89)
+        fail("-f8 1: FP8 GEMMs need a GPU of compute capability 8.9 or newer; %s is %d.%d", prop.name, prop.major, prop.minor);
+    const int L = m.config.L, C = m.config.C;
+    if (C % 16)
+        fail("-f8 1: the model's C = %d is not a multiple of 16 (cuBLASLt's FP8 GEMMs need every dimension, C, 3C and 4C, "
+             "a multiple of 16)", C);
+    if (T % 16) fail("-f8 1: -t %d is not a multiple of 16 (FP8 GEMMs need every batch's B*T rows a multiple of 16)", T);
+    Fp8Buffers& f = m.fp8;
+    DeviceMemory& mem = m.memory;
+    const size_t before = mem.bytes, BT = size_t(B) * T;
+    // Scales, 4 floats (16 bytes) a tensor: the 4L weights, act, the 4 douts.
+    float* meta = mem.alloc<float>(size_t(16 * L + 20) * sizeof(float), "FP8 scales");
+    for (int k = 0; k < 4; k++) {
+        Fp8Tensor& w = f.weight[k];
+        w.fmt = &kE4M3, w.R = kLinearOut[k] * C, w.C = kLinearIn[k] * C;
+        w.capacity = size_t(L) * w.R * w.C;
+        w.q = mem.alloc<uint8_t>(2 * w.capacity, "FP8 weights"), w.qt = w.q + w.capacity;
+        w.meta = meta + 4 * L * k;
+        Fp8Tensor& d = f.dout[k];
+        d.fmt = &kE5M2, d.capacity = BT * kLinearOut[k] * C;
+        d.q = mem.alloc<uint8_t>(2 * d.capacity, "FP8 output gradients"), d.qt = d.q + d.capacity;
+        d.meta = meta + 16 * L + 4 + 4 * k;
+    }
+    f.act.fmt = &kE4M3, f.act.capacity = BT * 4 * C;
+    f.act.q = f.act.qt = mem.alloc<uint8_t>(f.act.capacity, "FP8 layer input");
+    f.act.meta = meta + 16 * L;
+    f.bytes = mem.bytes - before;
+    f.on = true;
+    // No GELU fusion in FP8: the fc GEMM writes fch, gelu_forward makes fch_gelu, and fcproj's dinp is
+    // followed by gelu_backward_inplace, as with -ge 0.
+    m.settings.gelu_fusion = 0;
+    gpt_cast_weights_fp8(m);
+}
+
 // A model for batches of up to B x T. `dist`: the ranks it trains with (null: one GPU).
 inline void gpt_create(GPT& m, const HostModel& host, int B, int T, const GPTSettings& settings = GPTSettings(),
                        Dist* dist = nullptr) {
@@ -433,6 +542,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, const GPTSet
     gpt_create_weights(m, host);
     gpt_create_activations(m, B, T);
     blas_init(std::max<size_t>(size_t(B) * T, 1));
+    if (settings.fp8 && !settings.inference) gpt_create_fp8(m, B, T);
     cuda_check(cudaDeviceSynchronize());
 }
 
@@ -558,6 +668,25 @@ template <typename T> void exp_head_forward_backward(GPT& m, T* logits, float* l
     }
 }
 
+// One linear layer's forward, layer k of block l: matmul_forward, or with -f8 1 its FP8 GEMM. Then
+// inp's natural e4m3 copy is cast here from its C values (a LayerNorm output's rows, options.inp_ld
+// apart, end in its column of ones), the weight's was made when the weights changed; e4m3 x e4m3 with
+// fast accumulation into bf16, the bias in the epilogue and the residual as cuBLASLt's C (beta 1, out
+// apart), as matmul_forward adds them. No GELU fusion in FP8 (gpt_create_fp8 sets -ge 0).
+template <typename T>
+void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC,
+                    const MatmulForwardOptions<T>& options) {
+    if (!m.fp8.on) {
+        matmul_forward(out, inp, weight, bias, N, C, OC, options);
+        return;
+    }
+    m.profiler.mark("fwd.fp8cast");
+    fp8_cast(m.fp8.act, inp, N, C, true, false, 0, options.inp_ld);
+    m.profiler.mark("fwd.matmul");
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        fp8_must(fp8_forward(out, m.fp8.act, fp8_weight(m, k, l), bias, true, 0, options.residual));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward. With `dloss` != 0 the classifier also turns the logits into dlogits (scaled by dloss, the
 // weight of each position's loss in the step's mean loss) and the LM head's backward runs at once:
@@ -596,7 +725,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
-        matmul_forward(qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C,
+        linear_forward(m, kQkv, l, qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C,
                        MatmulForwardOptions<floatX>().with_inp_ld(Cp));
         prof.mark("fwd.attention");
         if (m.flash) flash_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
@@ -604,7 +733,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         // The residual adds ride in the projections' epilogues (residual2 = x + atty attprojw^T + attprojb,
         // matmul.cuh), so each LayerNorm after them reads one tensor, not two.
         prof.mark("fwd.matmul");
-        matmul_forward(residual2, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C,
+        linear_forward(m, kAttproj, l, residual2, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C,
                        MatmulForwardOptions<floatX>().with_residual(x));
         prof.mark("fwd.layernorm");
         layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C,
@@ -614,14 +743,14 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
             matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
                            MatmulForwardOptions<floatX>().with_pre_gelu(fch).with_inp_ld(Cp));
         } else {
-            matmul_forward(fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
+            linear_forward(m, kFc, l, fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
                            MatmulForwardOptions<floatX>().with_inp_ld(Cp));
             prof.mark("fwd.gelu");
             gelu_forward(fch_gelu, fch, 4 * btc);
         }
         prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
-        matmul_forward(residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C, C,
-                       MatmulForwardOptions<floatX>().with_residual(residual2));
+        linear_forward(m, kFcproj, l, residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C,
+                       C, MatmulForwardOptions<floatX>().with_residual(residual2));
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
             layernorm_forward(a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
@@ -715,16 +844,44 @@ inline void wgrad_wait(GPT& m, WgradPoint point) {
     if (m.wgrad.stream) cuda_check(cudaStreamWaitEvent(0, m.wgrad.done[point], 0));
 }
 
-// One linear layer's backward: dinp on the default stream, then dweight (+ dbias) on the weight
-// stream, which marks `point` once it has read dout and inp. The fork comes first, so the weight
-// gradients wait for dout only, not for dinp; dinp is enqueued first, so the GPU's block scheduler
-// serves the chain's kernel before the weight stream's (docs/performance.md has the measurement).
+// One linear layer's backward in FP8 (-f8 1; layer k of block l): dout is cast once, on the default
+// stream, into both e5m2 copies (layer k's pair, once the weight stream has read the block above's:
+// `point`), and dinp = dout weight runs there (e5m2 x e4m3, fp32 promotion, bf16 out; a pre_gelu is not fused:
+// the caller runs gelu_backward_inplace, as with -ge 0). Then on the weight stream: inp's transposed
+// e4m3 copy, cast from the bf16 activation the forward kept (or -r 1 recomputed), dweight += inp^T
+// dout (e4m3 x e5m2, fp32 promotion, += into the bf16 gradient), and dbias where one is asked for,
+// as matmul_backward's column sums of the bf16 dout (a matrix-vector product: deterministic).
+template <typename T>
+void linear_backward_fp8(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, int N, int C,
+                         int OC, WgradPoint point, int inp_ld) {
+    Fp8Buffers& f = m.fp8;
+    m.profiler.mark("bwd.fp8cast");
+    wgrad_wait(m, point);
+    fp8_cast(f.dout[k], dout, N, OC, true, true);
+    const cudaStream_t ws = wgrad_fork(m);
+    m.profiler.mark("bwd.matmul");
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_backward_input(dinp, f.dout[k], fp8_weight(m, k, l), false));
+    fp8_cast(f.act, inp, N, C, false, true, ws, inp_ld);
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_backward_weight(dweight, f.dout[k], f.act, false, ws));
+    if (dbias) matmul_backward<T>(nullptr, nullptr, dbias, dout, inp, nullptr, N, C, OC, MatmulBackwardOptions<T>().with_stream(ws));
+    wgrad_mark(m, point);
+}
+
+// One linear layer's backward (with -f8 1 linear_backward_fp8): dinp on the default stream, then
+// dweight (+ dbias) on the weight stream, which marks `point` once it has read dout and inp. The fork
+// comes first, so the weight gradients wait for dout only, not for dinp; dinp is enqueued first, so
+// the GPU's block scheduler serves the chain's kernel before the weight stream's (docs/performance.md
+// has the measurement).
 // inp_ld != 0: inp is a LayerNorm output with its column of ones (rows of inp_ld = ln_ld(C)), and the
 // weight and bias gradients come from one GEMM (matmul_backward_weight_bias, via Scratch::wgrad,
 // which the weight stream's GEMMs use one after another). 0: inp is (N, C).
 template <typename T>
-void linear_backward(GPT& m, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int C,
-                     int OC, const T* pre_gelu, WgradPoint point, int inp_ld = 0) {
+void linear_backward(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int N, int C, int OC, const T* pre_gelu, WgradPoint point, int inp_ld = 0) {
+    if (m.fp8.on) {
+        linear_backward_fp8(m, k, l, dinp, dweight, dbias, dout, inp, N, C, OC, point, inp_ld);
+        return;
+    }
     const cudaStream_t ws = wgrad_fork(m);
     matmul_backward<T>(dinp, nullptr, nullptr, dout, inp, weight, N, C, OC, MatmulBackwardOptions<T>().with_pre_gelu(pre_gelu));
     if (inp_ld) matmul_backward_weight_bias<T>(dweight, dbias, m.scratch.wgrad, dout, inp, inp_ld, N, C, OC, ws);
@@ -783,14 +940,14 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         prof.mark("bwd.matmul");
         wgrad_wait(m, kReadDbig);  // the layer above's fc weight gradients read dbig
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
-        linear_backward(m, a.dbig, g.fcprojw + fc_w, none, a.dresidual, fch_gelu, p.fcprojw + fc_w, BT, 4 * C, C,
+        linear_backward(m, kFcproj, l, a.dbig, g.fcprojw + fc_w, none, a.dresidual, fch_gelu, p.fcprojw + fc_w, BT, 4 * C, C,
                         gelu_fusion >= 2 ? fch : none, kReadMlpDresidual);
         if (gelu_fusion < 2) {
             prof.mark("bwd.gelu");
             gelu_backward_inplace(a.dbig, fch, 4 * btc);
         }
         prof.mark("bwd.matmul");
-        linear_backward(m, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
+        linear_backward(m, kFc, l, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
                         kReadDbig, Cp);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
@@ -800,8 +957,8 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
                            LayerNormBackwardOptions<floatX>().with_next_dbias(g.attprojb + size_t(l) * C));
         // Attention. dln now holds the gradient of atty, scratch.dqkv that of qkv.
         prof.mark("bwd.matmul");
-        linear_backward(m, a.dln, g.attprojw + size_t(l) * C * C, none, a.dresidual, atty, p.attprojw + size_t(l) * C * C,
-                        BT, C, C, none, kReadAttnDresidual);
+        linear_backward(m, kAttproj, l, a.dln, g.attprojw + size_t(l) * C * C, none, a.dresidual, atty,
+                        p.attprojw + size_t(l) * C * C, BT, C, C, none, kReadAttnDresidual);
         prof.mark("bwd.attention");
         wgrad_wait(m, kReadDqkv);  // the layer above's qkv weight gradients read scratch.dqkv
         if (m.flash)
@@ -810,7 +967,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         else
             attention_backward(scratch.dqkv, a.qkvr, a.dqkvr, a.yr, a.datt, a.dln, att, qkv, B, T, C, NH);
         prof.mark("bwd.matmul");
-        linear_backward(m, a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, scratch.dqkv, ln1,
+        linear_backward(m, kQkv, l, a.dln, g.qkvw + size_t(l) * 3 * C * C, g.qkvb + size_t(l) * 3 * C, scratch.dqkv, ln1,
                         p.qkvw + size_t(l) * 3 * C * C, BT, C, 3 * C, none, kReadDqkv, Cp);
         // += into dresidual: it becomes the gradient of this layer's input x.
         prof.mark("bwd.layernorm");
@@ -869,6 +1026,7 @@ inline void gpt_update(GPT& m, const AdamWConfig& h, float lr, int t, float grad
         m.profiler.mark("opt.allgather");
         dp_all_gather_params(m.dp, m.weights.params_memory);
     }
+    gpt_cast_weights_fp8(m);  // -f8 1: the weights' FP8 copies follow them
     m.profiler.mark(nullptr);
 }
 
@@ -1106,6 +1264,7 @@ struct Options {
     int gelu_fusion = GELU_FUSION_DEFAULT, recompute = RECOMPUTE_DEFAULT, overlap = OVERLAP_DEFAULT;
     int tune_wide = 0;
     int exp_head = 1;
+    int fp8 = 0;
     std::string rendezvous;
     int stall_seconds = 600;
 };
@@ -1167,6 +1326,8 @@ static void usage(const Options& d) {
            "              a shape at start): the same bits, ~1%% faster at B=64 on an H100 (default %d)\n"
            "  -lx <0|1>   where it runs (bf16 builds on Hopper), 1 = the LM head's GEMM writes exp(logits) and the\n"
            "              classifier no pass over the logits: ~2.5%% faster at d12, other bits (default %d)\n"
+           "  -f8 <0|1>   1 = the blocks' linear layers in FP8 (e4m3 forward, e5m2 gradients; bf16 builds, compute\n"
+           "              capability 8.9+, C and -t multiples of 16; GELU unfused); checkpoints unchanged (default %d)\n"
            "  -pf <0|1>   time every kernel family with CUDA events and print the breakdown at the end; the last\n"
            "              step runs between cudaProfilerStart/Stop (ncu --profile-from-start off) (default %d)\n"
            "several GPUs (one process each, started by mpirun, srun, torchrun or scripts/launch.sh)\n"
@@ -1181,8 +1342,8 @@ static void usage(const Options& d) {
            PRECISION_NAME, d.train_path.c_str(), d.val_path.c_str(), d.tokenizer_path.c_str(), d.model.c_str(),
            d.checkpoint_every, d.checkpoint_keep, d.resume, d.B, d.T, d.max_steps, d.lr, d.warmup, d.schedule.c_str(), d.final_lr_frac, d.wsd_decay,
            d.weight_decay, d.grad_clip, d.skip_loss_z, d.skip_norm_z, d.seed, d.shuffle, d.val_every, d.val_batches,
-           d.sample_every, d.gen_len,
-           d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide, d.exp_head, d.profile, d.stall_seconds);
+           d.sample_every, d.gen_len, d.temperature, d.top_k, d.flash, d.gelu_fusion, d.recompute, d.overlap, d.tune_wide,
+           d.exp_head, d.fp8, d.profile, d.stall_seconds);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -1243,6 +1404,7 @@ static Options parse_options(int argc, char** argv) {
         else if (f == "-ov") o.overlap = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-tw") o.tune_wide = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-lx") o.exp_head = (int)parse_int_flag(fl, v, 0, 1);
+        else if (f == "-f8") o.fp8 = (int)parse_int_flag(fl, v, 0, 1);
         else if (f == "-rz") path(o.rendezvous);
         else if (f == "-wt") o.stall_seconds = (int)parse_int_flag(fl, v, 0, 1 << 24);
         else fail("unknown flag %s (-h lists the flags)", fl);
@@ -1250,6 +1412,10 @@ static Options parse_options(int argc, char** argv) {
     if ((long)o.B * o.T > (1l << 24)) fail("-b %d -t %d: B*T = %ld tokens per micro-batch is more than 16M", o.B, o.T, (long)o.B * o.T);
     if (o.resume && o.out_dir.empty()) fail("-y 1 resumes from the output folder: give it with -o");
     if (o.checkpoint_every > 0 && o.out_dir.empty()) fail("-n %d writes checkpoints into the output folder: give it with -o", o.checkpoint_every);
+    if (o.fp8 && !std::is_same<floatX, __nv_bfloat16>::value)
+        fail("flag -f8 1: FP8 linear layers need the bf16 build (train_gpt_bf16), not train_gpt_%s", PRECISION_NAME);
+    if (o.fp8 && o.T % 16)
+        fail("flag -f8 1: -t %d is not a multiple of 16 (FP8 GEMMs need every batch's B*T rows a multiple of 16)", o.T);
     return o;
 }
 
@@ -1594,7 +1760,7 @@ static void open_gpu(Run& r) {
     blas().tune_print = o.tune_wide != 0 && r.lead;  // -tw 1 prints what each plan's tuning kept
     GPTSettings settings;
     settings.flash = o.flash != 0, settings.gelu_fusion = o.gelu_fusion, settings.recompute = o.recompute;
-    settings.overlap = o.overlap != 0;
+    settings.overlap = o.overlap != 0, settings.fp8 = o.fp8 != 0;
     gpt_create(m, r.host, o.B, o.T, settings, &dist);
     const TrainState& st = r.state;
     if (o.exp_head && gpt_exp_head_usable(m)) {
@@ -1632,10 +1798,10 @@ static void print_setup(const Run& r) {
     const size_t real_params = m.weights.count - size_t(c.Vp - c.V) * c.C;
     const double state_copies = m.opt.master ? 3 : 2;  // fp32 arrays a parameter has in the optimizer
     printf("device: %s | precision %s | %s attention | LM head %s | GELU fusion -ge %d, recompute -r %d, weight stream -ov %d, "
-           "matmul tuning -tw %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
+           "matmul tuning -tw %d, FP8 linear layers -f8 %d | model L=%d NH=%d C=%d maxT=%d V=%d (Vp=%d), %zu parameters\n",
            r.prop.name, PRECISION_NAME, m.flash ? "flash" : "cuBLAS", m.exp_head.on ? "exp (-lx 1)" : "logits and classifier",
-           m.settings.gelu_fusion, m.settings.recompute, (int)m.settings.overlap, o.tune_wide, c.L, c.NH, c.C, c.maxT, c.V, c.Vp,
-           real_params);
+           m.settings.gelu_fusion, m.settings.recompute, (int)m.settings.overlap, o.tune_wide, (int)m.fp8.on, c.L, c.NH, c.C,
+           c.maxT, c.V, c.Vp, real_params);
     if (r.dist.multi())
         printf("data parallel: %d ranks (%s), optimizer state sharded (ZeRO-1): %.2f GiB per GPU instead of %.2f\n", r.dist.world,
                r.dist.launcher.c_str(), m.dp.shard * sizeof(float) * state_copies / 1073741824.0,
@@ -1645,8 +1811,15 @@ static void print_setup(const Run& r) {
            o.B, o.T, r.dist.world, r.total_batch, r.accum, (unsigned long long)r.train_data.total,
            (unsigned long long)r.train.sequences, r.train_data.shards.size(), (unsigned long long)r.val_data.total,
            (unsigned long long)r.val_sequences);
-    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s\n",
-           m.memory.bytes / 1073741824.0, m.settings.recompute ? " (-r 1: GELU output of one layer, not L)" : "");
+    std::string fp8_text;  // -f8 1: its buffers, both copies of each (Fp8Buffers)
+    if (m.fp8.on) {
+        size_t weights = 0, douts = 0;
+        for (int k = 0; k < 4; k++) weights += 2 * m.fp8.weight[k].capacity, douts += 2 * m.fp8.dout[k].capacity;
+        fp8_text = strf(" (-f8 1: %.2f GiB of it FP8 copies: weights %.2f, layer input %.2f, output gradients %.2f)",
+                        m.fp8.bytes / 1073741824.0, weights / 1073741824.0, m.fp8.act.capacity / 1073741824.0, douts / 1073741824.0);
+    }
+    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s%s\n",
+           m.memory.bytes / 1073741824.0, m.settings.recompute ? " (-r 1: GELU output of one layer, not L)" : "", fp8_text.c_str());
     const OutlierGuard& g = r.guard;
     printf("outlier guard: -sl %g -sg %g (0 = off): an update is skipped when the loss's or the grad norm's z over the last "
            "%d steps' values is above it; %d and %d held now\n", g.loss_limit, g.norm_limit, kOutlierWindow,

@@ -49,7 +49,7 @@ check_built() {
 names=() cmds=()
 add() { names+=("$1"); shift; cmds+=("$(printf '%q ' "$@")"); }
 add "every CUDA program compiles" check_built
-for t in test/test_gpt.sh test/test_resume.sh test/test_reference_training.sh test/test_train_cli.sh; do
+for t in test/test_gpt.sh test/test_resume.sh test/test_reference_training.sh test/test_fp8.sh test/test_train_cli.sh; do
     [[ -e $t ]] && add "$t" bash "$t"
 done
 for t in test/test_*.sh; do

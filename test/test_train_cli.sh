@@ -243,6 +243,16 @@ for prec in fp32 bf16; do
     expect_valid "-ge 1 -r 0 accepted" "${base[@]}" -ge 1 -r 0
     expect_valid "-ge 2 -r 1 accepted" "${base[@]}" -ge 2 -r 1
     expect_valid "-ov 0 -tw 1 -lx 0 accepted" "${base[@]}" -ov 0 -tw 1 -lx 0
+    expect_valid "-f8 0 accepted" "${base[@]}" -f8 0
+    # -f8 1: FP8 linear layers, bf16 builds only, T a multiple of 16 (C and the GPU are checked on the GPU)
+    if [[ $prec == bf16 ]]; then
+        expect_valid "-f8 1 -t 16 accepted" "${base[@]}" -f8 1
+        expect_valid "-f8 1 -t 48 -ov 0 -r 1 accepted" "${base[@]}" -f8 1 -t 48 -ov 0 -r 1
+        expect_error "-f8 1 -t 24: T not a multiple of 16" "-t 24 is not a multiple of 16" "${base[@]}" -f8 1 -t 24
+    else
+        expect_error "-f8 1 in the fp32 build" "flag -f8 1: FP8 linear layers need the bf16 build" "${base[@]}" -f8 1
+        expect_error "-f8 1 -t 24 in the fp32 build: the build named first" "bf16 build" "${base[@]}" -f8 1 -t 24
+    fi
     expect_valid "-sl 3 -sg 11.26 accepted (the outlier guard)" "${base[@]}" -sl 3 -sg 11.26
     expect_valid "-sl 0 -sg 0 accepted (the guard off)" "${base[@]}" -sl 0 -sg 0
     expect_warning_no_gpu "-sl 11.27 (at least sqrt(127), never reached): one warning" "-sl 11.27: .*never skips" "${base[@]}" -sl 11.27
@@ -257,7 +267,7 @@ for prec in fp32 bf16; do
     # ---- numeric flags: non-numeric, trailing garbage, out of range, non-positive, empty, space
     int_flags=("-b 1 4096" "-t 1 65536" "-d 1 1073741824" "-x 1 99999999" "-u 0 1073741824" "-v 0 1073741824"
                "-m 1 1048576" "-s 0 1073741824" "-g 1 65536" "-n 0 1073741824" "-nk 1 1048576" "-y 0 1"
-               "-sd 0 4611686018427387904" "-sh 0 1" "-pf 0 1" "-fa 0 1" "-ge 0 2" "-r 0 1" "-ov 0 1" "-tw 0 1" "-lx 0 1")
+               "-sd 0 4611686018427387904" "-sh 0 1" "-pf 0 1" "-fa 0 1" "-ge 0 2" "-r 0 1" "-ov 0 1" "-tw 0 1" "-lx 0 1" "-f8 0 1")
     for spec in "${int_flags[@]}"; do
         read -r f lo hi <<<"$spec"
         for v in abc 12x 1.5 "" " 1" 0x10 99999999999999999999 "$((hi + 1))" "$((lo - 1))" -5; do

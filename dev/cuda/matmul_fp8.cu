@@ -18,7 +18,8 @@
 //   2  FP8 through cuBLASLt: a cast pair per tensor (amax, then scale + cast + transpose); the forward
 //      inp x weight e4m3 x e4m3 with fast accumulation, dinp (dout x weight) and dweight (dout^T x inp)
 //      e5m2 x e4m3 without; out and dinp in bf16 (the bias in the forward's epilogue), dweight += in
-//      fp32 (beta = 1: where gradients accumulate).
+//      fp32 (beta = 1: where gradients accumulate). Its casts and GEMMs are fp8.cuh's, the code
+//      train_gpt -f8 1 runs (there dweight += in bf16, into the gradient).
 //   3  2 with fast accumulation in the backward GEMMs too: what it would save, and what it costs.
 //
 // Scales: s = 2^p, the largest power of two with amax s <= the format's largest value, so amax s lies
@@ -105,58 +106,27 @@
 // (time_median_ms), TFLOP/s of 2 m n k, bf16's time over FP8's. cuBLASLt plans are tuned on their first
 // call as the header tunes its own (matmul_tune: the fastest candidate with the first choice's bits).
 
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "common.cuh"
 #include "dev/lab.cuh"
+#include "fp8.cuh"
 #include "matmul.cuh"
 
 using bf16 = __nv_bfloat16;
 
-std::string strf(const char* fmt, ...) {
-    char buf[512];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, args);
-    va_end(args);
-    return buf;
-}
-
 // ---------------------------------------------------------------------------------------------
-// FP8 formats, scales, and the host's own decoding and rounding (independent of cuda_fp8.h's).
+// The host's own decoding and rounding of FP8 (independent of cuda_fp8.h's); the formats and
+// fp8_scale are fp8.cuh's.
 
-struct Fp8Format {
-    const char* name;
-    cudaDataType_t type;
-    double max;             // the largest finite value, 1.75 2^emax
-    int mbits, emin, emax;  // stored mantissa bits; exponents of the smallest normal and of the top binade
-};
-constexpr Fp8Format kE4M3{"e4m3", CUDA_R_8F_E4M3, 448.0, 3, -6, 8};
-constexpr Fp8Format kE5M2{"e5m2", CUDA_R_8F_E5M2, 57344.0, 2, -14, 15};
 inline double fp8_unit(const Fp8Format& f) { return std::ldexp(1.0, -f.mbits - 1); }                 // u
 inline double fp8_half_subnormal(const Fp8Format& f) { return std::ldexp(1.0, f.emin - f.mbits - 1); }  // delta s
-
-// s = 2^p, the largest power of two with amax s <= 1.75 2^emax (the format's max). With amax = m 2^e,
-// m in [0.5, 1): m 2^(emax + 1) fits while m <= 0.875, else m 2^emax; either way amax s > max / 2.
-// amax 0: 1. Not finite: NaN, so that the casts and the GEMM put NaN out where the input had it.
-__host__ __device__ inline float fp8_scale(float amax, int emax) {
-    if (!(amax <= 3.402823466e38f)) return nanf("");
-    if (amax == 0.0f) return 1.0f;
-    int e;
-    const float m = frexpf(amax, &e);
-    int p = emax + 1 - e - (m > 0.875f ? 1 : 0);
-    p = p < -126 ? -126 : p > 126 ? 126 : p;  // s and 1 / s normal floats
-    return ldexpf(1.0f, p);
-}
 
 // An FP8 byte's value.
 double fp8_decode(uint8_t b, const Fp8Format& f) {
@@ -179,255 +149,27 @@ double fp8_round(double v, const Fp8Format& f) {
     return std::copysign(std::min(std::nearbyint(a / step) * step, f.max), v);
 }
 
-// ---------------------------------------------------------------------------------------------
-// The cast pair: amax, then scale + cast (+ transpose).
-
-// amax = max |x| over n elements (n a multiple of 8, x 16-byte aligned) into *amax_bits, zeroed before:
-// non-negative floats order as their bits do, so atomicMax on the bits is the float max in any order.
-__global__ void __launch_bounds__(256) fp8_amax_kernel(unsigned* amax_bits, const bf16* x, size_t n) {
-    unsigned m = 0;
-    for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * 8; i < n; i += size_t(gridDim.x) * blockDim.x * 8) {
-        const Vec128<bf16> v = Vec128<bf16>::load(x + i);
-#pragma unroll
-        for (int j = 0; j < 8; j++) m = max(m, __float_as_uint(fabsf(__bfloat162float(v[j]))));
-    }
-    m = __reduce_max_sync(0xffffffffu, m);
-    __shared__ unsigned warp_max[8];
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; w++) m = max(m, warp_max[w]);
-        atomicMax(amax_bits, m);
-    }
-}
-
-template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b, float c, float d) {
-    constexpr __nv_fp8_interpretation_t kind = E5M2 ? __NV_E5M2 : __NV_E4M3;
-    const unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);  // a in the low byte
-    const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
-    return lo | hi << 16;
-}
-
-// x (R, C) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s amax; block (0, 0)
-// also writes meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C multiples of 16. A
-// block takes a 64 x 64 tile: 256 threads load 2 vectors of 8 each (a row is 8 threads, 128 bytes) and
-// write q from registers; for qt the tile goes through shared memory, and thread t reads column t % 64
-// at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a row: no bank conflict) and
-// writes those 16 FP8 values as one 16-byte vector of qt's row.
-constexpr int kCastTile = 64;
-template <bool E5M2, bool kNatural, bool kTransposed>
-__global__ void __launch_bounds__(256) fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const bf16* x, int R, int C) {
-    __shared__ __align__(16) bf16 tile[kCastTile][kCastTile];
-    constexpr int emax = E5M2 ? 15 : 8;  // kE5M2.emax, kE4M3.emax
-    const float s = fp8_scale(__uint_as_float(*reinterpret_cast<const unsigned*>(meta + 2)), emax);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[0] = 1.0f / s, meta[1] = s;
-    const int r0 = blockIdx.x * kCastTile, c0 = blockIdx.y * kCastTile;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int v = threadIdx.x + 256 * i, row = v / 8, col = v % 8 * 8;
-        const int r = r0 + row, c = c0 + col;
-        if (r >= R || c >= C) continue;
-        const Vec128<bf16> in = Vec128<bf16>::load(x + size_t(r) * C + c);
-        if (kTransposed) *reinterpret_cast<int4*>(&tile[row][col]) = *reinterpret_cast<const int4*>(in.v);
-        if (kNatural) {
-            float f[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = __bfloat162float(in[j]) * s;
-            *reinterpret_cast<uint2*>(q + size_t(r) * C + c) =
-                make_uint2(fp8x4<E5M2>(f[0], f[1], f[2], f[3]), fp8x4<E5M2>(f[4], f[5], f[6], f[7]));
-        }
-    }
-    if (!kTransposed) return;
-    __syncthreads();
-    const int cc = threadIdx.x % kCastTile, rr = threadIdx.x / kCastTile * 16;
-    const int c = c0 + cc, r = r0 + rr;
-    if (c >= C || r >= R) return;  // R a multiple of 16: a chunk of 16 rows is all in or all out
-    unsigned w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        w[k] = fp8x4<E5M2>(__bfloat162float(tile[rr + 4 * k][cc]) * s, __bfloat162float(tile[rr + 4 * k + 1][cc]) * s,
-                            __bfloat162float(tile[rr + 4 * k + 2][cc]) * s, __bfloat162float(tile[rr + 4 * k + 3][cc]) * s);
-    *reinterpret_cast<uint4*>(qt + size_t(c) * R + r) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // Guard past each FP8 copy (bytes) and each GEMM output (elements): poisoned, and nothing may write it.
 constexpr size_t kGuard = 64;
 
-// A bf16 tensor's FP8 copies: q (R, C) as stored and qt (C, R); meta: 1 / s, s, amax (its bits). 1 / s
-// comes first: cuBLASLt's FP8 GEMMs answer CUBLAS_STATUS_NOT_SUPPORTED, with no message, for a scale
-// pointer that is not 16-byte aligned (measured with cuBLASLt 13.1 on an H200).
-struct Fp8Tensor {
-    const Fp8Format& fmt;
-    int R = 0, C = 0;  // the tensor last quantized
-    DeviceBuffer<uint8_t> q, qt;
-    DeviceBuffer<float> meta;
-    Fp8Tensor(const Fp8Format& f, size_t capacity)
-        : fmt(f), q(capacity + kGuard, "FP8 copy"), qt(capacity + kGuard, "FP8 transposed copy"), meta(4, "FP8 scales") {}
-    const float* scale_inv() const { return meta.ptr; }
+// A bf16 tensor's FP8 copies for the lab: fp8.cuh's Fp8Tensor over buffers of its own, each with a
+// guard past it (q_buf and qt_buf hold the copies, meta_buf 1 / s, s and amax's bits).
+struct LabFp8Tensor : Fp8Tensor {
+    DeviceBuffer<uint8_t> q_buf, qt_buf;
+    DeviceBuffer<float> meta_buf;
+    LabFp8Tensor(const Fp8Format& f, size_t cap)
+        : q_buf(cap + kGuard, "FP8 copy"), qt_buf(cap + kGuard, "FP8 transposed copy"), meta_buf(4, "FP8 scales") {
+        fmt = &f, q = q_buf.ptr, qt = qt_buf.ptr, meta = meta_buf.ptr, capacity = cap;
+    }
     void poison() {
-        q.poison(), qt.poison();  // 0xff: NaN in e4m3 and e5m2
-        meta.poison();
+        q_buf.poison(), qt_buf.poison();  // 0xff: NaN in e4m3 and e5m2
+        meta_buf.poison();
     }
 };
-
-// Quantizes x (R, C): natural writes q, transposed writes qt. Empty, or why not.
-std::string fp8_quantize(Fp8Tensor& t, const bf16* x, int R, int C, bool natural, bool transposed, cudaStream_t stream = 0) {
-    if (R % 16 || C % 16) return strf("a %d x %d tensor: FP8 casts need both dimensions multiples of 16", R, C);
-    if (!is_aligned16(x)) return "the bf16 input is not 16-byte aligned: FP8 casts read 16-byte vectors";
-    if (!natural && !transposed) return "nothing to write";
-    const size_t n = size_t(R) * C;
-    if (n + kGuard > t.q.n) fail("fp8_quantize: %d x %d is past the buffer's %zu elements", R, C, t.q.n - kGuard);
-    if ((C + kCastTile - 1) / kCastTile > 65535) fail("fp8_quantize: C = %d is past the grid's 65535 column tiles", C);
-    t.R = R, t.C = C;
-    cuda_check(cudaMemsetAsync(t.meta.ptr + 2, 0, sizeof(float), stream));
-    fp8_amax_kernel<<<elementwise_blocks(n / 8), 256, 0, stream>>>(reinterpret_cast<unsigned*>(t.meta.ptr + 2), x, n);
-    cuda_check_launch();
-    using Kernel = void (*)(uint8_t*, uint8_t*, float*, const bf16*, int, int);
-    const bool e5m2 = t.fmt.type == CUDA_R_8F_E5M2;
-    const Kernel k = e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
-                                     : fp8_cast_kernel<true, false, true>)
-                          : (natural ? (transposed ? fp8_cast_kernel<false, true, true> : fp8_cast_kernel<false, true, false>)
-                                     : fp8_cast_kernel<false, false, true>);
-    const dim3 grid((R + kCastTile - 1) / kCastTile, (C + kCastTile - 1) / kCastTile);
-    k<<<grid, 256, 0, stream>>>(t.q.ptr, t.qt.ptr, t.meta.ptr, x, R, C);
-    cuda_check_launch();
-    return "";
-}
-
-// ---------------------------------------------------------------------------------------------
-// One FP8 GEMM through cuBLASLt, column-major as cuBLAS sees it, TN:
-//   D (m, n) = a_scale b_scale A^T B (+ bias per row of D) (+ D with accumulate),
-//   A stored (k, m), B stored (k, n), D stored (m, n); leading dimensions k, k, m.
-
-struct Fp8Gemm {
-    int m = 0, n = 0, k = 0;
-    const uint8_t* A = nullptr;
-    const Fp8Format* a_fmt = nullptr;
-    const float* a_scale = nullptr;  // device: the factor back to A's units (1 / s)
-    const uint8_t* B = nullptr;
-    const Fp8Format* b_fmt = nullptr;
-    const float* b_scale = nullptr;
-    void* D = nullptr;
-    bool d_fp32 = false;            // D fp32 (the weight gradient), else bf16
-    const bf16* bias = nullptr;     // (m), bf16 D only
-    bool accumulate = false;        // D += (beta = 1, C is D)
-    bool fast_accum = false;
-};
-
-// Runs it, or says why not (empty: it ran). Plans are made once per case and tuned on their first run
-// with matmul.cuh's tuner (the fastest of the heuristic's candidates that give its first choice's bits).
-std::string fp8_gemm(const Fp8Gemm& g, cudaStream_t stream = 0) {
-    if (g.m % 16 || g.n % 16 || g.k % 16)
-        return strf("m %d n %d k %d: cuBLASLt's FP8 GEMMs need every dimension a multiple of 16", g.m, g.n, g.k);
-    const int align_a = pointer_alignment(g.A), align_b = pointer_alignment(g.B), align_d = pointer_alignment(g.D);
-    if (std::min({align_a, align_b, align_d}) < 16) return "an operand is not 16-byte aligned (cuBLASLt's FP8 GEMMs need it)";
-    if (g.bias && g.d_fp32) fail("fp8_gemm: a bias with an fp32 D is not a case of this lab");
-    using Key = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int>;
-    static std::map<Key, MatmulPlan> plans;
-    MatmulPlan& plan = plans[Key{g.m, g.n, g.k, (int)g.a_fmt->type, (int)g.b_fmt->type, g.d_fp32, g.bias != nullptr, g.accumulate,
-                                 g.fast_accum, align_a, align_b, align_d}];
-    BlasContext& b = blas();
-    if (!plan.made) {
-        plan.made = true;
-        cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        const int8_t fast = g.fast_accum ? 1 : 0;
-        const cublasLtEpilogue_t epilogue = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
-        if (g.bias) {
-            const cudaDataType_t bias_type = CUDA_R_16BF;  // FP8 in, bf16 out: the bias is bf16 (cuBLASLt's FP8 table)
-            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
-        }
-        cublas_check(cublasLtMatrixLayoutCreate(&plan.a, g.a_fmt->type, g.k, g.m, g.k));
-        cublas_check(cublasLtMatrixLayoutCreate(&plan.b, g.b_fmt->type, g.k, g.n, g.k));
-        cublas_check(cublasLtMatrixLayoutCreate(&plan.d, g.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, g.m, g.n, g.m));
-        cublasLtMatmulPreference_t pref;
-        cublas_check(cublasLtMatmulPreferenceCreate(&pref));
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
-                                                          sizeof(b.workspace_bytes)));
-        const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_d, (uint32_t)align_d};
-        const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        for (int i = 0; i < 4; i++)
-            cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
-        cublasLtMatmulHeuristicResult_t heuristic[kMatmulTuneCandidates];
-        int found = 0;
-        if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kMatmulTuneCandidates, heuristic,
-                                           &found) != CUBLAS_STATUS_SUCCESS)
-            found = 0;
-        cublas_check(cublasLtMatmulPreferenceDestroy(pref));
-        for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
-        plan.heuristic_count = plan.candidates.size();
-        plan.m = g.m, plan.n = g.n, plan.k = g.k, plan.epilogue = epilogue;
-        if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
-    }
-    if (!plan.has_algo)
-        return strf("cuBLASLt offers no FP8 algorithm for m %d n %d k %d, %s x %s -> %s", g.m, g.n, g.k, g.a_fmt->name, g.b_fmt->name,
-                    g.d_fp32 ? "fp32" : "bf16");
-    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
-    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
-    if (g.bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
-    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-    void* workspace = blas_stream(stream).workspace;
-    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-        const cublasStatus_t st = cublasLtMatmul(b.lt, plan.desc, &alpha, g.A, plan.a, g.B, plan.b, &beta, g.D, plan.d, g.D, plan.d,
-                                                 &algo, workspace, b.workspace_bytes, stream);
-        if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(st);
-        return st == CUBLAS_STATUS_SUCCESS;
-    };
-    if (!plan.tuned && b.tune) {
-        if (g.d_fp32) matmul_tune(plan, run, static_cast<float*>(g.D), (const bf16*)nullptr, size_t(g.m) * g.n, stream, g.accumulate);
-        else matmul_tune(plan, run, static_cast<bf16*>(g.D), (const bf16*)nullptr, size_t(g.m) * g.n, stream, g.accumulate);
-    }
-    if (!run(plan.algo)) {
-        plan.has_algo = false;
-        return strf("cuBLASLt refused its own FP8 algorithm for m %d n %d k %d", g.m, g.n, g.k);
-    }
-    return "";
-}
-
-// The layer's three GEMMs on quantized tensors (inp: N x C, weight: OC x C, dout: N x OC).
-// out (N, OC) = inp weight^T + bias: column-major (OC, N) = weight (C, OC)^T inp (C, N).
-std::string fp8_forward(bf16* out, const Fp8Tensor& inp, const Fp8Tensor& w, const bf16* bias, bool fast, cudaStream_t stream = 0) {
-    if (w.C != inp.C) fail("fp8_forward: weight has %d columns, inp %d", w.C, inp.C);
-    Fp8Gemm g;
-    g.m = w.R, g.n = inp.R, g.k = inp.C;
-    g.A = w.q.ptr, g.a_fmt = &w.fmt, g.a_scale = w.scale_inv();
-    g.B = inp.q.ptr, g.b_fmt = &inp.fmt, g.b_scale = inp.scale_inv();
-    g.D = out, g.bias = bias, g.fast_accum = fast;
-    return fp8_gemm(g, stream);
-}
-// dinp (N, C) = dout weight: column-major (C, N) = weight^T's copy (OC, C)^T dout (OC, N).
-std::string fp8_backward_input(bf16* dinp, const Fp8Tensor& dout, const Fp8Tensor& w, bool fast, cudaStream_t stream = 0) {
-    if (w.R != dout.C) fail("fp8_backward_input: weight has %d rows, dout %d columns", w.R, dout.C);
-    Fp8Gemm g;
-    g.m = w.C, g.n = dout.R, g.k = dout.C;
-    g.A = w.qt.ptr, g.a_fmt = &w.fmt, g.a_scale = w.scale_inv();
-    g.B = dout.q.ptr, g.b_fmt = &dout.fmt, g.b_scale = dout.scale_inv();
-    g.D = dinp, g.fast_accum = fast;
-    return fp8_gemm(g, stream);
-}
-// dweight (OC, C) += dout^T inp: column-major (C, OC) += inp^T's copy (N, C)^T dout^T's copy (N, OC).
-std::string fp8_backward_weight(float* dweight, const Fp8Tensor& dout, const Fp8Tensor& inp, bool fast, cudaStream_t stream = 0) {
-    if (inp.R != dout.R) fail("fp8_backward_weight: inp has %d rows, dout %d", inp.R, dout.R);
-    Fp8Gemm g;
-    g.m = inp.C, g.n = dout.C, g.k = inp.R;
-    g.A = inp.qt.ptr, g.a_fmt = &inp.fmt, g.a_scale = inp.scale_inv();
-    g.B = dout.qt.ptr, g.b_fmt = &dout.fmt, g.b_scale = dout.scale_inv();
-    g.D = dweight, g.d_fp32 = true, g.accumulate = true, g.fast_accum = fast;
-    return fp8_gemm(g, stream);
-}
 
 // One layer's FP8 tensors, sized for the largest it will hold.
 struct Fp8Layer {
-    Fp8Tensor inp, weight, dout;
+    LabFp8Tensor inp, weight, dout;
     Fp8Layer(size_t inp_capacity, size_t weight_capacity, size_t dout_capacity)
         : inp(kE4M3, inp_capacity), weight(kE4M3, weight_capacity), dout(kE5M2, dout_capacity) {}
     void poison() { inp.poison(), weight.poison(), dout.poison(); }
@@ -650,8 +392,8 @@ LayerRun run_layer(ShapeBuffers& B, int version, const std::vector<float>& dweig
                           B.N, B.C, B.OC);
     cuda_check(cudaDeviceSynchronize());
     r.out = B.out.download(), r.dinp = B.dinp.download(), r.dweight = B.dweight.download();
-    Fp8Tensor* t[3] = {&B.fp8.inp, &B.fp8.weight, &B.fp8.dout};
-    for (int i = 0; i < 3; i++) r.q[i] = t[i]->q.download(), r.qt[i] = t[i]->qt.download(), r.meta[i] = t[i]->meta.download();
+    LabFp8Tensor* t[3] = {&B.fp8.inp, &B.fp8.weight, &B.fp8.dout};
+    for (int i = 0; i < 3; i++) r.q[i] = t[i]->q_buf.download(), r.qt[i] = t[i]->qt_buf.download(), r.meta[i] = t[i]->meta_buf.download();
     return r;
 }
 
@@ -797,7 +539,7 @@ void check_refusals(TestCounter& tests, bool gpu) {
         return;
     }
     DeviceBuffer<bf16> x(64 * 64, "misaligned inp", 1);
-    Fp8Tensor t(kE4M3, 64 * 64);
+    LabFp8Tensor t(kE4M3, 64 * 64);
     const std::string why = fp8_quantize(t, x.ptr, 64, 64, true, true);
     printf("  %-30s %s %s\n", what, why.empty() ? "FAIL" : "ok  ", why.empty() ? "NOT REFUSED" : why.c_str());
     tests.record(!why.empty());

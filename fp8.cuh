@@ -1,0 +1,339 @@
+// fp8.cuh: FP8 tensors, their casts, and a linear layer's three GEMMs in FP8 through cuBLASLt, as
+// train_gpt -f8 1 runs them (dev/cuda/matmul_fp8.cu's version 2, which validates them against a
+// float64 reference with derived bounds and times them beside bf16).
+//
+//   fp8_quantize         x (R, C) bf16, rows ld apart -> q (R, C) and/or qt (C, R) FP8, one scale from amax(x)
+//   fp8_forward          out (N, OC) = inp (N, C) weight (OC, C)^T + bias (+ residual)   bf16 out
+//   fp8_backward_input   dinp (N, C) = dout (N, OC) weight                               bf16 out
+//   fp8_backward_weight  dweight (OC, C) += dout^T inp                                   fp32 or bf16, accumulated
+//
+// Non-obvious choices:
+//   - Formats: e4m3 (3 mantissa bits, up to 448) for activations and weights, e5m2 (2 bits, up to
+//     57344) for output gradients, which span more binades.
+//   - Scales: one per tensor, from its amax now (current scaling), computed on the GPU (no host
+//     synchronisation): s = 2^p, the largest power of two with amax s <= the format's largest value, so
+//     the tensor fills the format's top binade and nothing saturates. A power of two makes x s and q / s
+//     exact: the FP8 value is x s rounded once, and cuBLASLt's scaling of its fp32 sum by 1/s_a 1/s_b is
+//     exact too. amax is an atomicMax on the float's bits (non-negative floats order as their bits do):
+//     the same bits in any order, so every run gives the same bytes; a NaN anywhere wins and reaches the
+//     output.
+//   - Layouts: on Hopper cuBLASLt's FP8 kernels take only TN, D (m, n) = A^T B with A stored (k, m) and
+//     B (k, n): both operands with the GEMM's K contiguous. Row-major (R, K) is column-major (K, R), so
+//       forward  out (N, OC):     A weight (OC, C) as stored,  B inp (N, C) as stored
+//       dinp     dinp (N, C):     A weight^T (C, OC), a copy,  B dout (N, OC) as stored
+//       dweight  dweight (OC, C): A inp^T (C, N), a copy,      B dout^T (OC, N), a copy
+//     so each of inp, weight and dout is needed in both orientations; one cast kernel reads the bf16
+//     tensor once and writes either copy or both (the transposed one through shared memory).
+//   - Each tensor's meta holds 1/s, s and amax's bits, 1/s first: cuBLASLt's FP8 GEMMs answer
+//     CUBLAS_STATUS_NOT_SUPPORTED, with no log message, for a scale pointer that is not 16-byte aligned
+//     (measured, cuBLASLt 13.1 on an H200), and meta is.
+//   - Fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) keeps Hopper's FP8 sums in the tensor cores
+//     without periodic promotion to fp32: the forward takes it (K = C or 4C, output in bf16; Transformer
+//     Engine's recipe too), the backward GEMMs do not (dweight sums K = B T rows into gradients that
+//     accumulate). The lab's bound 1 and its measurements say why.
+//   - Every dimension a multiple of 16 and every operand 16-byte aligned (cuBLASLt's FP8 rules; each of
+//     N, C and OC is the K of one GEMM, the row length of two operands). Anything else is refused with
+//     words: the functions return why, or "" when they ran.
+//   - Plans are made once per case and tuned on their first call with matmul.cuh's tuner (the fastest of
+//     the heuristic's candidates whose output is its first choice's bits): deterministic.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdarg>
+#include <map>
+#include <string>
+#include <type_traits>
+
+#include "common.cuh"
+#include "matmul.cuh"
+
+// printf into a std::string (the refusals' words).
+inline std::string strf(const char* fmt, ...) {
+    char buf[512];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, args);
+    va_end(args);
+    return buf;
+}
+
+struct Fp8Format {
+    const char* name;
+    cudaDataType_t type;
+    double max;             // the largest finite value, 1.75 2^emax
+    int mbits, emin, emax;  // stored mantissa bits; exponents of the smallest normal and of the top binade
+};
+constexpr Fp8Format kE4M3{"e4m3", CUDA_R_8F_E4M3, 448.0, 3, -6, 8};
+constexpr Fp8Format kE5M2{"e5m2", CUDA_R_8F_E5M2, 57344.0, 2, -14, 15};
+
+// s = 2^p, the largest power of two with amax s <= 1.75 2^emax (the format's max). With amax = m 2^e,
+// m in [0.5, 1): m 2^(emax + 1) fits while m <= 0.875, else m 2^emax; either way amax s > max / 2.
+// amax 0: 1. Not finite: NaN, so that the casts and the GEMM put NaN out where the input had it.
+__host__ __device__ inline float fp8_scale(float amax, int emax) {
+    if (!(amax <= 3.402823466e38f)) return nanf("");
+    if (amax == 0.0f) return 1.0f;
+    int e;
+    const float m = frexpf(amax, &e);
+    int p = emax + 1 - e - (m > 0.875f ? 1 : 0);
+    p = p < -126 ? -126 : p > 126 ? 126 : p;  // s and 1 / s normal floats
+    return ldexpf(1.0f, p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cast pair: amax, then scale + cast (+ transpose).
+
+// amax = max |x| over the C first values of R rows ld apart (C and ld multiples of 8, x 16-byte
+// aligned) into *amax_bits, zeroed before.
+__global__ void __launch_bounds__(256) fp8_amax_kernel(unsigned* amax_bits, const __nv_bfloat16* x, size_t R, int C, int ld) {
+    const size_t per_row = C / 8, n = R * per_row;  // vectors of 8
+    unsigned m = 0;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const Vec128<__nv_bfloat16> v = Vec128<__nv_bfloat16>::load(x + i / per_row * ld + i % per_row * 8);
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = max(m, __float_as_uint(fabsf(__bfloat162float(v[j]))));
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    __shared__ unsigned warp_max[8];
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; w++) m = max(m, warp_max[w]);
+        atomicMax(amax_bits, m);
+    }
+}
+
+template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b, float c, float d) {
+    constexpr __nv_fp8_interpretation_t kind = E5M2 ? __NV_E5M2 : __NV_E4M3;
+    const unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);  // a in the low byte
+    const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
+    return lo | hi << 16;
+}
+
+// x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s
+// amax; block (0, 0) also writes meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C
+// multiples of 16. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8 each (a row is 8
+// threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
+// thread t reads column t % 64 at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a
+// row: no bank conflict) and writes those 16 FP8 values as one 16-byte vector of qt's row.
+constexpr int kCastTile = 64;
+template <bool E5M2, bool kNatural, bool kTransposed>
+__global__ void __launch_bounds__(256)
+    fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const __nv_bfloat16* x, int R, int C, int ld) {
+    __shared__ __align__(16) __nv_bfloat16 tile[kCastTile][kCastTile];
+    constexpr int emax = E5M2 ? 15 : 8;  // kE5M2.emax, kE4M3.emax
+    const float s = fp8_scale(__uint_as_float(*reinterpret_cast<const unsigned*>(meta + 2)), emax);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[0] = 1.0f / s, meta[1] = s;
+    const int r0 = blockIdx.x * kCastTile, c0 = blockIdx.y * kCastTile;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int v = threadIdx.x + 256 * i, row = v / 8, col = v % 8 * 8;
+        const int r = r0 + row, c = c0 + col;
+        if (r >= R || c >= C) continue;
+        const Vec128<__nv_bfloat16> in = Vec128<__nv_bfloat16>::load(x + size_t(r) * ld + c);
+        if (kTransposed) *reinterpret_cast<int4*>(&tile[row][col]) = *reinterpret_cast<const int4*>(in.v);
+        if (kNatural) {
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = __bfloat162float(in[j]) * s;
+            *reinterpret_cast<uint2*>(q + size_t(r) * C + c) =
+                make_uint2(fp8x4<E5M2>(f[0], f[1], f[2], f[3]), fp8x4<E5M2>(f[4], f[5], f[6], f[7]));
+        }
+    }
+    if (!kTransposed) return;
+    __syncthreads();
+    const int cc = threadIdx.x % kCastTile, rr = threadIdx.x / kCastTile * 16;
+    const int c = c0 + cc, r = r0 + rr;
+    if (c >= C || r >= R) return;  // R a multiple of 16: a chunk of 16 rows is all in or all out
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        w[k] = fp8x4<E5M2>(__bfloat162float(tile[rr + 4 * k][cc]) * s, __bfloat162float(tile[rr + 4 * k + 1][cc]) * s,
+                            __bfloat162float(tile[rr + 4 * k + 2][cc]) * s, __bfloat162float(tile[rr + 4 * k + 3][cc]) * s);
+    *reinterpret_cast<uint4*>(qt + size_t(c) * R + r) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// A bf16 tensor's FP8 copies, in memory its owner allocated: q (R, C) as stored and qt (C, R); meta
+// (16-byte aligned): 1 / s, s, amax's bits. q and qt hold `capacity` bytes each (they may be one
+// buffer where the owner never needs both copies at once).
+struct Fp8Tensor {
+    const Fp8Format* fmt = nullptr;
+    int R = 0, C = 0;  // the tensor last quantized
+    uint8_t* q = nullptr;
+    uint8_t* qt = nullptr;
+    float* meta = nullptr;
+    size_t capacity = 0;
+    const float* scale_inv() const { return meta; }
+};
+
+// Quantizes x (R, C), rows ld apart (0: C): natural writes q, transposed writes qt, one read of x
+// each for the amax and the cast. "" when enqueued, or why not.
+inline std::string fp8_quantize(Fp8Tensor& t, const __nv_bfloat16* x, int R, int C, bool natural, bool transposed,
+                                cudaStream_t stream = 0, int ld = 0) {
+    if (ld == 0) ld = C;
+    if (R % 16 || C % 16) return strf("a %d x %d tensor: FP8 casts need both dimensions multiples of 16", R, C);
+    if (!is_aligned16(x)) return "the bf16 input is not 16-byte aligned: FP8 casts read 16-byte vectors";
+    if (ld % 8 || ld < C) return strf("rows %d apart: FP8 casts read rows of %d values in 16-byte vectors", ld, C);
+    if (!natural && !transposed) return "nothing to write";
+    const size_t n = size_t(R) * C;
+    if (n > t.capacity) fail("fp8_quantize: %d x %d is past the buffer's %zu elements", R, C, t.capacity);
+    if ((C + kCastTile - 1) / kCastTile > 65535) fail("fp8_quantize: C = %d is past the grid's 65535 column tiles", C);
+    t.R = R, t.C = C;
+    cuda_check(cudaMemsetAsync(t.meta + 2, 0, sizeof(float), stream));
+    fp8_amax_kernel<<<elementwise_blocks(n / 8), 256, 0, stream>>>(reinterpret_cast<unsigned*>(t.meta + 2), x, R, C, ld);
+    cuda_check_launch();
+    using Kernel = void (*)(uint8_t*, uint8_t*, float*, const __nv_bfloat16*, int, int, int);
+    const bool e5m2 = t.fmt->type == CUDA_R_8F_E5M2;
+    const Kernel k = e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
+                                     : fp8_cast_kernel<true, false, true>)
+                          : (natural ? (transposed ? fp8_cast_kernel<false, true, true> : fp8_cast_kernel<false, true, false>)
+                                     : fp8_cast_kernel<false, false, true>);
+    const dim3 grid((R + kCastTile - 1) / kCastTile, (C + kCastTile - 1) / kCastTile);
+    k<<<grid, 256, 0, stream>>>(t.q, t.qt, t.meta, x, R, C, ld);
+    cuda_check_launch();
+    return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// One FP8 GEMM through cuBLASLt, column-major as cuBLAS sees it, TN:
+//   D (m, n) = a_scale b_scale A^T B (+ bias per row of D) (+ residual, or + D with accumulate),
+//   A stored (k, m), B stored (k, n), D and the residual stored (m, n); leading dimensions k, k, m.
+
+struct Fp8Gemm {
+    int m = 0, n = 0, k = 0;
+    const uint8_t* A = nullptr;
+    const Fp8Format* a_fmt = nullptr;
+    const float* a_scale = nullptr;  // device: the factor back to A's units (1 / s)
+    const uint8_t* B = nullptr;
+    const Fp8Format* b_fmt = nullptr;
+    const float* b_scale = nullptr;
+    void* D = nullptr;
+    bool d_fp32 = false;                       // D fp32 (a weight gradient), else bf16
+    const __nv_bfloat16* bias = nullptr;       // (m), bf16 D only
+    const __nv_bfloat16* residual = nullptr;   // (m, n) apart from D, bf16 D only: cuBLASLt's C with beta = 1
+    bool accumulate = false;                   // D += (beta = 1, C is D)
+    bool fast_accum = false;
+};
+
+// Runs it, or says why not ("": it ran).
+inline std::string fp8_gemm(const Fp8Gemm& g, cudaStream_t stream = 0) {
+    if (g.m % 16 || g.n % 16 || g.k % 16)
+        return strf("m %d n %d k %d: cuBLASLt's FP8 GEMMs need every dimension a multiple of 16", g.m, g.n, g.k);
+    const int align_a = pointer_alignment(g.A), align_b = pointer_alignment(g.B), align_d = pointer_alignment(g.D);
+    const int align_c = g.residual ? pointer_alignment(g.residual) : align_d;
+    const int align_bias = g.bias ? pointer_alignment(g.bias) : 0;
+    if (std::min({align_a, align_b, align_c, align_d}) < 16) return "an operand is not 16-byte aligned (cuBLASLt's FP8 GEMMs need it)";
+    if ((g.bias || g.residual) && g.d_fp32) fail("fp8_gemm: a bias or residual goes with a bf16 D");
+    if (g.residual && g.accumulate) fail("fp8_gemm: a residual and accumulate in one call");
+    static std::map<std::array<int, 15>, MatmulPlan> plans;
+    MatmulPlan& plan = plans[{g.m, g.n, g.k, (int)g.a_fmt->type, (int)g.b_fmt->type, g.d_fp32, g.bias != nullptr, g.residual != nullptr,
+                              g.accumulate, g.fast_accum, align_a, align_b, align_c, align_d, align_bias}];
+    BlasContext& b = blas();
+    if (!plan.made) {
+        plan.made = true;
+        cublas_check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        const int8_t fast = g.fast_accum ? 1 : 0;
+        const cublasLtEpilogue_t epilogue = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
+        if (g.bias) {
+            const cudaDataType_t bias_type = CUDA_R_16BF;  // FP8 in, bf16 out: the bias is bf16 (cuBLASLt's FP8 table)
+            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+            cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+        }
+        cublas_check(cublasLtMatrixLayoutCreate(&plan.a, g.a_fmt->type, g.k, g.m, g.k));
+        cublas_check(cublasLtMatrixLayoutCreate(&plan.b, g.b_fmt->type, g.k, g.n, g.k));
+        cublas_check(cublasLtMatrixLayoutCreate(&plan.d, g.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, g.m, g.n, g.m));  // C's too
+        cublasLtMatmulPreference_t pref;
+        cublas_check(cublasLtMatmulPreferenceCreate(&pref));
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
+                                                          sizeof(b.workspace_bytes)));
+        const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_c, (uint32_t)align_d};
+        const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4; i++)
+            cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
+        cublasLtMatmulHeuristicResult_t heuristic[kMatmulTuneCandidates];
+        int found = 0;
+        if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kMatmulTuneCandidates, heuristic,
+                                           &found) != CUBLAS_STATUS_SUCCESS)
+            found = 0;
+        cublas_check(cublasLtMatmulPreferenceDestroy(pref));
+        for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
+        plan.heuristic_count = plan.candidates.size();
+        plan.m = g.m, plan.n = g.n, plan.k = g.k, plan.epilogue = epilogue;
+        if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
+    }
+    if (!plan.has_algo)
+        return strf("cuBLASLt offers no FP8 algorithm for m %d n %d k %d, %s x %s -> %s", g.m, g.n, g.k, g.a_fmt->name, g.b_fmt->name,
+                    g.d_fp32 ? "fp32" : "bf16");
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
+    cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
+    if (g.bias) cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    const float alpha = 1.0f, beta = g.accumulate || g.residual ? 1.0f : 0.0f;
+    const void* c_in = g.residual ? static_cast<const void*>(g.residual) : g.D;  // beta = 0: cuBLASLt does not read C
+    void* workspace = blas_stream(stream).workspace;
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        const cublasStatus_t st = cublasLtMatmul(b.lt, plan.desc, &alpha, g.A, plan.a, g.B, plan.b, &beta, c_in, plan.d, g.D, plan.d,
+                                                 &algo, workspace, b.workspace_bytes, stream);
+        if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(st);
+        return st == CUBLAS_STATUS_SUCCESS;
+    };
+    if (!plan.tuned && b.tune) {  // runs are idempotent but for accumulate, where the tuner puts D back before each
+        const size_t count = size_t(g.m) * g.n;
+        const __nv_bfloat16* no_aux = nullptr;
+        if (g.d_fp32) matmul_tune(plan, run, static_cast<float*>(g.D), no_aux, count, stream, g.accumulate);
+        else matmul_tune(plan, run, static_cast<__nv_bfloat16*>(g.D), no_aux, count, stream, g.accumulate);
+    }
+    if (!run(plan.algo)) {
+        plan.has_algo = false;
+        return strf("cuBLASLt refused its own FP8 algorithm for m %d n %d k %d", g.m, g.n, g.k);
+    }
+    return "";
+}
+
+// A linear layer's three GEMMs on quantized tensors (inp: N x C, weight: OC x C, dout: N x OC).
+// out (N, OC) = inp weight^T + bias (+ residual (N, OC), apart from out): column-major (OC, N) =
+// weight (C, OC)^T inp (C, N). Reads inp's and the weight's natural copies.
+inline std::string fp8_forward(__nv_bfloat16* out, const Fp8Tensor& inp, const Fp8Tensor& w, const __nv_bfloat16* bias, bool fast,
+                               cudaStream_t stream = 0, const __nv_bfloat16* residual = nullptr) {
+    if (w.C != inp.C) fail("fp8_forward: weight has %d columns, inp %d", w.C, inp.C);
+    Fp8Gemm g;
+    g.m = w.R, g.n = inp.R, g.k = inp.C;
+    g.A = w.q, g.a_fmt = w.fmt, g.a_scale = w.scale_inv();
+    g.B = inp.q, g.b_fmt = inp.fmt, g.b_scale = inp.scale_inv();
+    g.D = out, g.bias = bias, g.residual = residual, g.fast_accum = fast;
+    return fp8_gemm(g, stream);
+}
+// dinp (N, C) = dout weight: column-major (C, N) = weight^T's copy (OC, C)^T dout (OC, N). Reads the
+// weight's transposed copy and dout's natural one.
+inline std::string fp8_backward_input(__nv_bfloat16* dinp, const Fp8Tensor& dout, const Fp8Tensor& w, bool fast, cudaStream_t stream = 0) {
+    if (w.R != dout.C) fail("fp8_backward_input: weight has %d rows, dout %d columns", w.R, dout.C);
+    Fp8Gemm g;
+    g.m = w.C, g.n = dout.R, g.k = dout.C;
+    g.A = w.qt, g.a_fmt = w.fmt, g.a_scale = w.scale_inv();
+    g.B = dout.q, g.b_fmt = dout.fmt, g.b_scale = dout.scale_inv();
+    g.D = dinp, g.fast_accum = fast;
+    return fp8_gemm(g, stream);
+}
+// dweight (OC, C) += dout^T inp: column-major (C, OC) += inp^T's copy (N, C)^T dout^T's copy (N, OC),
+// in fp32 or bf16 (TD). Reads inp's and dout's transposed copies.
+template <typename TD>
+std::string fp8_backward_weight(TD* dweight, const Fp8Tensor& dout, const Fp8Tensor& inp, bool fast, cudaStream_t stream = 0) {
+    static_assert(std::is_same<TD, float>::value || std::is_same<TD, __nv_bfloat16>::value, "dweight in fp32 or bf16");
+    if (inp.R != dout.R) fail("fp8_backward_weight: inp has %d rows, dout %d", inp.R, dout.R);
+    Fp8Gemm g;
+    g.m = inp.C, g.n = dout.C, g.k = inp.R;
+    g.A = inp.qt, g.a_fmt = inp.fmt, g.a_scale = inp.scale_inv();
+    g.B = dout.qt, g.b_fmt = dout.fmt, g.b_scale = dout.scale_inv();
+    g.D = dweight, g.d_fp32 = std::is_same<TD, float>::value, g.accumulate = true, g.fast_accum = fast;
+    return fp8_gemm(g, stream);
+}
