@@ -1,5 +1,5 @@
 """Shared by the Python tests: counting checks and the count line, running gpt_reference.py's command
-line in-process, and the one-line error rule.
+line in-process, the one-line error rule, and the random numbers of the data order's shuffle.
 
 Not a test itself (run_tests.sh runs test_*.py only).
 """
@@ -68,3 +68,13 @@ def one_line_error(rc, stderr, must_mention=""):
     lines = stderr.strip().splitlines()
     ok = rc == 1 and len(lines) == 1 and lines[0].startswith("error: ") and must_mention in lines[0]
     return ok, (lines[-1][:150] if lines else f"no stderr, exit code {rc}")
+
+
+# The data order's shuffle draws from common.cuh's Rng (SplitMix64), written here from its definition.
+def splitmix64(seed):
+    state = seed % 2**64
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) % 2**64
+        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+        yield z ^ (z >> 31)

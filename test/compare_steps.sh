@@ -1,6 +1,7 @@
-# Sourced by test/test_multi_gpu.sh and test/test_resume.sh (not a test itself: run_tests.sh runs
-# test_*.sh): two train_gpt runs' step and validation lines compared within a relative bound. The
-# sourcing script defines `report NAME OK DETAIL`.
+# Sourced by test/test_multi_gpu.sh, test/test_resume.sh and test/test_fp8.sh (not a test itself:
+# run_tests.sh runs test_*.sh): two train_gpt runs' step and validation lines compared within a
+# relative bound or byte for byte, and a run with a time limit. The sourcing script defines
+# `report NAME OK DETAIL`, and `bin`, the program `train` runs.
 
 # Step lines as "step loss norm", validation lines as "step loss"; a line whose loss or norm is not a
 # number (nan, inf) is left out, so the count catches it.
@@ -33,4 +34,24 @@ close() {
     report "$1" "$ok" "worst relative difference $w over $c $([[ $lines == numeric_vals ]] && echo validations || echo steps) ($bound)"
     [[ $ok -eq 1 ]] || join -a1 -a2 -e - -o 0,1.2,1.3,2.2,2.3 <($lines "$2" | sort -k1,1) <($lines "$3" | sort -k1,1) |
         sort -n | awk '{ printf "      step %3d  loss %s  %s  norm %s  %s\n", $1, $2, $4, $3, $5 }'
+}
+
+# train LOG ARGS...: runs ./$bin with a time limit; stdout in LOG.out, stderr in LOG.err; sets rc
+train() {
+    local log=$1
+    shift
+    timeout 300 "./$bin" "$@" >"$log.out" 2>"$log.err" </dev/null
+    rc=$?
+}
+# same NAME A B N: files A and B are identical and hold N lines
+same() {
+    local n
+    n=$(grep -c '' "$2")
+    if cmp -s "$2" "$3" && [[ $n -eq $4 ]]; then
+        report "$1" 1 "$n lines identical"
+    else
+        report "$1" 0 "$(grep -c '' "$2") vs $(grep -c '' "$3") lines (expected $4), first difference:"
+        awk 'NR == FNR { a[FNR] = $0; n = FNR; next } { m = FNR } a[FNR] != $0 { print "line " FNR ": " a[FNR] "  vs  " $0; d = 1; exit }
+             END { if (!d) print "same lines, " n + 0 " vs " m + 0 }' "$2" "$3" | sed 's/^/      | /'
+    fi
 }

@@ -27,22 +27,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import check, finish  # noqa: E402
+from checks import check, finish, splitmix64  # noqa: E402
 import file_formats as ff  # noqa: E402
 
 TOOL = os.path.join(ROOT, "build", "test", "checkpoint_tool")
 TOKENS, T, D, SEED, STEPS = 1001, 8, 128, 7, 20  # 125 sequences an epoch; a step takes 16: 2.56 epochs
 N, S = (TOKENS - 1) // T, D // T
 SPLITS = [(4, 1), (8, 2), (2, 4)]  # (B, GPUs): 4, 1 and 2 micro-batches per GPU
-
-
-def splitmix64(seed):
-    state = seed % 2**64
-    while True:
-        state = (state + 0x9E3779B97F4A7C15) % 2**64
-        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
-        yield z ^ (z >> 31)
 
 
 def epoch_order(epoch, shuffle):

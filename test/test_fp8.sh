@@ -57,26 +57,8 @@ report() {  # name ok(1/0) detail
     fi
 }
 show() { sed 's/^/      | /' "$1" | tail -n "${2:-6}"; }
-source test/compare_steps.sh  # numeric_steps, numeric_vals
+source test/compare_steps.sh  # numeric_steps, numeric_vals, train, same
 in_range() { awk -v lo="$1" -v hi="$2" '$1 >= lo && $1 <= hi'; }
-# train LOG ARGS...: runs ./$bin with a time limit; stdout in LOG.out, stderr in LOG.err; sets rc
-train() {
-    local log=$1
-    shift
-    timeout 300 "./$bin" "$@" >"$log.out" 2>"$log.err" </dev/null
-    rc=$?
-}
-# same NAME A B N: files A and B are identical and hold N lines
-same() {
-    local n
-    n=$(grep -c '' "$2")
-    if cmp -s "$2" "$3" && [[ $n -eq $4 ]]; then
-        report "$1" 1 "$n lines identical"
-    else
-        report "$1" 0 "$n vs $(grep -c '' "$3") lines (expected $4), first difference:"
-        diff "$2" "$3" | head -n 4 | sed 's/^/      | /'
-    fi
-}
 # losses_within NAME A B FIRST LAST TOL TOL_LAST: steps FIRST..LAST of log B each in log A, every loss
 # within TOL relative of A's and step LAST's within TOL_LAST (the worst of each printed)
 losses_within() {

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checks import ROOT, check, finish, one_line_error, ref_cli  # noqa: E402
+from checks import ROOT, check, finish, one_line_error, ref_cli, splitmix64  # noqa: E402
 
 import torch  # noqa: E402
 import gpt_reference as ref  # noqa: E402
@@ -51,15 +51,6 @@ def token_file(path, tokens):
     with open(path, "wb") as f:
         f.write(h.tobytes() + np.asarray(tokens, "<u2").tobytes())
     return path
-
-
-def splitmix64(seed):
-    state = seed % 2**64
-    while True:
-        state = (state + 0x9E3779B97F4A7C15) % 2**64
-        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
-        yield z ^ (z >> 31)
 
 
 def outlier_z(window, x):

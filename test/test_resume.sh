@@ -79,27 +79,7 @@ guard_steps_of() {
                             print s[1], $5, $8, at ? substr($0, at + 11) : "-" }' "$1"
 }
 in_range() { awk -v lo="$1" -v hi="$2" '$1 >= lo && $1 <= hi'; }
-source test/compare_steps.sh  # close: two runs' lines within a relative bound
-# train LOG ARGS...: runs ./$bin with a time limit; stdout in LOG.out, stderr in LOG.err; sets rc
-train() {
-    local log=$1
-    shift
-    timeout 300 "./$bin" "$@" >"$log.out" 2>"$log.err" </dev/null
-    rc=$?
-}
-# same NAME A B N: files A and B are identical and hold N lines
-same() {
-    local n
-    n=$(grep -c '' "$2")
-    if cmp -s "$2" "$3" && [[ $n -eq $4 ]]; then
-        report "$1" 1 "$n lines identical"
-    else
-        report "$1" 0 "$(grep -c '' "$2") vs $(grep -c '' "$3") lines (expected $4), first difference:"
-        awk 'NR == FNR { a[FNR] = $0; n = FNR; next } { m = FNR } a[FNR] != $0 { print "line " FNR ": " a[FNR] "  vs  " $0; d = 1; exit }
-             END { if (!d) print "same lines, " n + 0 " vs " m + 0 }' "$2" "$3" | sed 's/^/      | /'
-    fi
-}
-
+source test/compare_steps.sh  # close (two runs' lines within a relative bound), train, same
 # ---- inputs: learnable synthetic tokens (ids < 1237, so they fit both models), tokenizers, models
 set -e
 gen() { "$PYTHON" test/train_inputs.py "$@"; }
