@@ -78,7 +78,8 @@ struct TrainStateHeader {
     // Bytes of the outlier guard's windows after the three arrays: sizeof(OutlierWindows), or 0 in
     // files written before the guard (they load with empty windows).
     uint32_t outlier_bytes = 0;
-    int32_t unused28[227] = {};
+    int32_t fp8 = 0;  // -f8 (0 in files written before it was recorded, which trained in bf16)
+    int32_t unused29[226] = {};
     int32_t cursor_unit = 0;  // loader_cursor's unit: kCursorSequences, or kCursorWindows (0: files from before it)
 };
 
@@ -101,6 +102,7 @@ static_assert(sizeof(TrainStateHeader) == HEADER_INTS * 4 && offsetof(TrainState
                   offsetof(TrainStateHeader, num_params) == 8 * 4 && offsetof(TrainStateHeader, seed) == 16 * 4 &&
                   offsetof(TrainStateHeader, data_tokens) == 20 * 4 && offsetof(TrainStateHeader, total_batch) == 24 * 4 &&
                   offsetof(TrainStateHeader, head) == 26 * 4 && offsetof(TrainStateHeader, outlier_bytes) == 27 * 4 &&
+                  offsetof(TrainStateHeader, fp8) == 28 * 4 &&
                   offsetof(TrainStateHeader, cursor_unit) == 255 * 4,
               "state file header");
 
@@ -243,7 +245,7 @@ struct TrainState {
     uint64_t loader_epoch = 0, loader_cursor = 0, sampler_rng = 0;  // the data position in sequences
     bool shuffled_windows = false;  // an older file's position in a shuffled epoch of windows: no sequence continues it
     // The run setup the state belongs to.
-    int B = 0, T = 0, shuffle = 0, gelu_fusion = 0, recompute = 0;
+    int B = 0, T = 0, shuffle = 0, gelu_fusion = 0, recompute = 0, fp8 = 0;
     int head = 0;  // as TrainStateHeader::head
     int64_t seed = 0;
     uint64_t data_tokens = 0, total_batch = 0;
@@ -264,7 +266,7 @@ inline TrainStateHeader state_header(const TrainState& st, size_t num_params) {
     h.num_params = num_params;
     h.loader_epoch = st.loader_epoch, h.loader_cursor = st.loader_cursor, h.sampler_rng = st.sampler_rng;
     h.seed = st.seed, h.shuffle = st.shuffle, h.data_crc = st.data_crc, h.data_tokens = st.data_tokens;
-    h.gelu_fusion = st.gelu_fusion, h.recompute = st.recompute;
+    h.gelu_fusion = st.gelu_fusion, h.recompute = st.recompute, h.fp8 = st.fp8;
     h.total_batch = st.total_batch, h.head = st.head;
     h.cursor_unit = kCursorSequences;
     h.outlier_bytes = sizeof(OutlierWindows);
@@ -275,12 +277,18 @@ inline void state_from_header(const TrainStateHeader& h, TrainState& st) {
     st.step = h.step, st.B = h.B, st.T = h.T;
     st.loader_epoch = h.loader_epoch, st.loader_cursor = h.loader_cursor, st.sampler_rng = h.sampler_rng;
     st.seed = h.seed, st.shuffle = h.shuffle, st.data_crc = h.data_crc, st.data_tokens = h.data_tokens;
-    st.gelu_fusion = h.gelu_fusion, st.recompute = h.recompute;
+    st.gelu_fusion = h.gelu_fusion, st.recompute = h.recompute, st.fp8 = h.fp8;
     st.total_batch = h.total_batch, st.head = h.head;
-    // An older file counts windows of B*T tokens: window i is sequences [i B, i B + B), so an epoch
-    // in order converts exactly; a shuffled one is a permutation of windows, which none continues.
+    // An older file counts windows of B*T tokens: window i is sequences [i B, i B + B), so a position
+    // in order converts exactly, and one at its epoch's last window (whose next read was the next
+    // epoch's first window) is the next epoch's start. A shuffled one is a permutation of windows,
+    // which none continues.
     st.shuffled_windows = h.cursor_unit == kCursorWindows && h.shuffle;
-    if (h.cursor_unit == kCursorWindows && !h.shuffle) st.loader_cursor = h.loader_cursor * uint64_t(h.B);
+    if (h.cursor_unit == kCursorWindows && !h.shuffle) {
+        const uint64_t window = uint64_t(h.B) * h.T, windows = window && h.data_tokens ? (h.data_tokens - 1) / window : 0;
+        if (windows && h.loader_cursor == windows) st.loader_epoch = h.loader_epoch + 1, st.loader_cursor = 0;
+        else st.loader_cursor = h.loader_cursor * uint64_t(h.B);
+    }
 }
 
 // The state file's crc32: the header (crc 0), the three arrays, then header.outlier_bytes of `outliers`

@@ -1358,8 +1358,9 @@ class DataLoader:
 
     def seek(self, epoch, cursor):
         self.epoch, self.cursor = epoch, cursor
-        self.order = list(range(self.sequences))
+        self.order = None  # in order: sequence i is the epoch's i-th
         if self.shuffle:
+            self.order = list(range(self.sequences))
             rng = Rng(self.seed * GOLDEN + epoch)
             for i in range(self.sequences - 1, 0, -1):
                 j = rng.next() % (i + 1)
@@ -1371,7 +1372,7 @@ class DataLoader:
         for _ in range(rows):
             if self.cursor >= self.sequences:
                 self.seek(self.epoch + 1, 0)
-            picked.append(self.order[self.cursor])
+            picked.append(self.order[self.cursor] if self.order else self.cursor)
             self.cursor += 1
         T = self.T
         batch = torch.from_numpy(np.stack([self.tokens[j * T:j * T + T + 1] for j in picked]).astype(np.int64))

@@ -491,7 +491,8 @@ inline void gpt_cast_weights_fp8(GPT& m) {
 
 // -f8 1: the FP8 buffers (Fp8Buffers) for batches of up to B x T, and the weights' first copies.
 // Refused in one line where cuBLASLt's FP8 GEMMs cannot run: an fp32 build, a GPU below compute
-// capability 8.9, a C (so 3C, 4C) or a T (so every batch's B T rows) not a multiple of 16.
+// capability 8.9 (here); a C (so 3C, 4C) or a T (so every batch's B T rows) not a multiple of 16
+// (open_data and parse_options, before the GPU is touched).
 inline void gpt_create_fp8(GPT& m, int B, int T) {
     if (!std::is_same<floatX, __nv_bfloat16>::value) fail("-f8 1: FP8 linear layers need the bf16 build (train_gpt_bf16)");
     int device = 0;
@@ -501,10 +502,7 @@ inline void gpt_create_fp8(GPT& m, int B, int T) {
     if (prop.major * 10 + prop.minor < 89)
         fail("-f8 1: FP8 GEMMs need a GPU of compute capability 8.9 or newer; %s is %d.%d", prop.name, prop.major, prop.minor);
     const int L = m.config.L, C = m.config.C;
-    if (C % 16)
-        fail("-f8 1: the model's C = %d is not a multiple of 16 (cuBLASLt's FP8 GEMMs need every dimension, C, 3C and 4C, "
-             "a multiple of 16)", C);
-    if (T % 16) fail("-f8 1: -t %d is not a multiple of 16 (FP8 GEMMs need every batch's B*T rows a multiple of 16)", T);
+    if (C % 16 || T % 16) fail("-f8 1: C = %d and T = %d must be multiples of 16", C, T);  // open_data and the options refuse them first
     Fp8Buffers& f = m.fp8;
     DeviceMemory& mem = m.memory;
     const size_t before = mem.bytes, BT = size_t(B) * T;
@@ -1577,10 +1575,10 @@ static void find_checkpoint(Run& r) {
         fail("the checkpoint of step %d in '%s' was written with -d %llu tokens per step, this run has %ld: resume with "
              "-d %llu", st.step, o.out_dir.c_str(), (unsigned long long)st.total_batch, r.total_batch,
              (unsigned long long)st.total_batch);
-    if (r.lead && (st.gelu_fusion != o.gelu_fusion || st.recompute != o.recompute))
-        fprintf(stderr, "warning: the checkpoint of step %d was written with -ge %d -r %d, this run has -ge %d -r %d: "
-                "its losses will differ in rounding from an uninterrupted run\n", st.step, st.gelu_fusion,
-                st.recompute, o.gelu_fusion, o.recompute);
+    if (r.lead && (st.gelu_fusion != o.gelu_fusion || st.recompute != o.recompute || st.fp8 != o.fp8))
+        fprintf(stderr, "warning: the checkpoint of step %d was written with -ge %d -r %d -f8 %d, this run has -ge %d -r %d -f8 %d: "
+                "its losses will differ from an uninterrupted run's%s\n", st.step, st.gelu_fusion, st.recompute, st.fp8,
+                o.gelu_fusion, o.recompute, o.fp8, st.fp8 != o.fp8 ? " (FP8's roundings in place of bf16's, or back)" : " in rounding");
     // Else the final checkpoint would be labelled step -x while holding the later weights.
     if (st.step > o.max_steps)
         fail("-x %d is below step %d of the checkpoint in %s (give a larger -x to continue it)", o.max_steps, st.step,
@@ -1608,6 +1606,9 @@ static void open_data(Run& r) {
     const GPTConfig& c = r.host.config;
     std::string error;
     if (o.T > c.maxT) fail("-t %d is larger than the model's maximum sequence length %d", o.T, c.maxT);
+    if (o.fp8 && c.C % 16)
+        fail("-f8 1: the model's C = %d is not a multiple of 16 (cuBLASLt's FP8 GEMMs need every dimension, C, 3C and 4C, "
+             "a multiple of 16)", c.C);
     if (!r.train_data.open(o.train_path, c.V, &error)) fail("-i %s: %s", o.train_path.c_str(), error.c_str());
     r.train.init(r.train_data, o.T, o.shuffle != 0, (uint64_t)o.seed, "-i", uint64_t(r.total_batch) / o.T);
     // Small data is read whole now (its fingerprint), so a bad token id fails before any GPU work;
@@ -1654,7 +1655,7 @@ static void open_data(Run& r) {
         if (r.lead) printf("resuming from step %d in %s\n", st.step, o.out_dir.c_str());
     }
     st.B = o.B, st.T = o.T, st.seed = o.seed, st.shuffle = o.shuffle;
-    st.gelu_fusion = o.gelu_fusion, st.recompute = o.recompute;
+    st.gelu_fusion = o.gelu_fusion, st.recompute = o.recompute, st.fp8 = o.fp8;
     st.data_tokens = data_tokens, st.data_crc = data_crc, st.total_batch = (uint64_t)r.total_batch;
     r.batches.init(r.train, o.B, r.dist.rank, r.dist.world, r.accum);
     const uint64_t val_asked = uint64_t(o.val_batches) * uint64_t(r.total_batch / o.T);
@@ -1987,7 +1988,10 @@ static float train_step(Run& r, int step) {
     // update's t is its own step number, as after a non-finite step. Every rank holds the same two
     // values and so decides alike; the vote makes sure (one rank updating while another skips would
     // pair the all-gather with unlike collectives).
-    if (r.guard.on() && dp_sum(r.dist, int(guard_step(r, gpt_step_stats(m)))) > 0) return lr;
+    if (r.guard.on() && dp_sum(r.dist, int(guard_step(r, gpt_step_stats(m)))) > 0) {
+        m.profiler.mark(nullptr);  // the host's wait closes the grad-norm mark, as gpt_update would
+        return lr;
+    }
     AdamWConfig adam;
     adam.weight_decay = o.weight_decay;
     gpt_update(m, adam, lr, step + 1, o.grad_clip);  // writes nothing if the loss or norm is non-finite

@@ -169,6 +169,11 @@ def main():
             check(f"state file, cursor 7 of epoch 1 in {'windows of B=4' if name == 'old.bin' else 'sequences'}: "
                   f"resumes at sequence {start - N} of epoch 1",
                   rc == 0 and {key: as_sequences(f) for key, (_, f) in got.items()} == want, err.strip()[:100])
+        windows = (TOKENS - 1) // (4 * T)  # an older file at its epoch's end: its next read was epoch 2's first window
+        got, _, _, err, rc = tool(data, T, D, 8, 2, SEED, 0, 3, state("old_end.bin", loader_cursor=windows, data_tokens=TOKENS))
+        check(f"state file in windows at the epoch's end (window {windows} of epoch 1): resumes at epoch 2's first sequence",
+              rc == 0 and {key: as_sequences(f) for key, (_, f) in got.items()} == expected(8, 2, 0, 3, start=2 * N),
+              err.strip()[:100])
         got, _, _, _, _ = tool(data, T, D, 4, 1, SEED, 0, 1, state("old.bin"))
         check("state file in windows: B=4's first micro-batch is one read of the old window 7 (tokens 224..256)",
               got.get((0, 0, 0)) == (1, [224 + 8 * i for i in range(4)]), str(got.get((0, 0, 0))))

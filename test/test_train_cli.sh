@@ -29,6 +29,7 @@ if ! "$PYTHON" gpt_reference.py init --model L=2,NH=3,C=39,V=1237,maxT=50 --seed
 fi
 set -e
 M=$tmp/pt.ckpt  # 256 x int32 header + 87789 fp32 parameters
+"$PYTHON" gpt_reference.py init --model L=2,NH=3,C=48,V=1237,maxT=50 --seed 1 --out "$tmp/c48.ckpt" >/dev/null  # for -f8 1
 gen model-crc "$M" "$tmp/ours.ckpt"  # as train_gpt writes it: with crc32
 edit "$tmp/ours.ckpt" "$tmp/ours_flip.ckpt" --flip 5000
 edit "$M" "$tmp/pt_trunc.ckpt" --drop 4
@@ -62,7 +63,7 @@ data = bytearray(open(sys.argv[1], "rb").read())
 data[1024 + 2 * 1234:1024 + 2 * 1234 + 2] = np.array([1237], np.uint16).tobytes()  # == V
 open(sys.argv[2], "wb").write(bytes(data))
 EOF
-gen tokens "$tmp/tiny.bin" 32  # B*T = 32 at -b 2 -t 16: one token short of a window
+gen tokens "$tmp/tiny.bin" 32  # at -b 2 -t 16 (-d 32) a step's 2 sequences span 33 tokens: one short
 
 gen tokenizer "$tmp/tok.bin" 1237
 gen tokenizer "$tmp/tok_v1.bin" 1237 --version 1
@@ -244,10 +245,11 @@ for prec in fp32 bf16; do
     expect_valid "-ge 2 -r 1 accepted" "${base[@]}" -ge 2 -r 1
     expect_valid "-ov 0 -tw 1 -lx 0 accepted" "${base[@]}" -ov 0 -tw 1 -lx 0
     expect_valid "-f8 0 accepted" "${base[@]}" -f8 0
-    # -f8 1: FP8 linear layers, bf16 builds only, T a multiple of 16 (C and the GPU are checked on the GPU)
+    # -f8 1: FP8 linear layers, bf16 builds only, C and T multiples of 16 (the GPU is checked on the GPU)
     if [[ $prec == bf16 ]]; then
-        expect_valid "-f8 1 -t 16 accepted" "${base[@]}" -f8 1
-        expect_valid "-f8 1 -t 48 -ov 0 -r 1 accepted" "${base[@]}" -f8 1 -t 48 -ov 0 -r 1
+        expect_valid "-f8 1 -t 16, C = 48 accepted" -e "$tmp/c48.ckpt" "${base[@]:2}" -f8 1
+        expect_valid "-f8 1 -t 48 -ov 0 -r 1, C = 48 accepted" -e "$tmp/c48.ckpt" "${base[@]:2}" -f8 1 -t 48 -ov 0 -r 1
+        expect_error "-f8 1 with C = 39: refused before the GPU" "C = 39 is not a multiple of 16" "${base[@]}" -f8 1
         expect_error "-f8 1 -t 24: T not a multiple of 16" "-t 24 is not a multiple of 16" "${base[@]}" -f8 1 -t 24
     else
         expect_error "-f8 1 in the fp32 build" "flag -f8 1: FP8 linear layers need the bf16 build" "${base[@]}" -f8 1
@@ -343,7 +345,8 @@ for prec in fp32 bf16; do
     done
     expect_error "-i 32 tokens, fewer than the 33 a step's 2 sequences span" "$tmp/tiny.bin" "${base[@]}" -i "$tmp/tiny.bin"
     expect_error "  ... so at -b 1 -d 32 too (a step's sequences depend on -d, not -b)" "$tmp/tiny.bin" "${base[@]}" -b 1 -d 32 -i "$tmp/tiny.bin"
-    # Validation takes up to B rows: 32 tokens still hold one row of T=16; fewer than T+1 do not.
+    # Validation takes the sequences the data holds, up to -m * d/T: 32 tokens hold one of T=16; fewer
+    # than T+1 hold none.
     expect_valid "-j 32 tokens: validation with 1 row of T at -b 2 -t 16" "${base[@]}" -j "$tmp/tiny.bin"
     expect_error "-j 32 tokens < T+1 = 33 at -t 32" "$tmp/tiny.bin" "${base[@]}" -t 32 -j "$tmp/tiny.bin"
     expect_valid "-v 0 never reads the validation file" "${base[@]}" -v 0 -j "$tmp/missing_val.bin"
@@ -400,7 +403,15 @@ for prec in fp32 bf16; do
     expect_warn_valid "-y 1 skips a corrupt newest model file" 3 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1
     expect_stderr_has "  ... the warning names model_00000050.bin" '^warning: .*model_00000050\.bin'
     expect_warn_valid "-y 1 -r 1 (checkpoint written at -r 0) resumes, warning" 4 "resuming from step 10" "${rbase[@]}" -o "$d" -y 1 -r 1
-    expect_stderr_has "  ... the warning names -r 0 and -r 1" "^warning: .*-ge $ge -r 0, this run has -ge $ge -r 1"
+    expect_stderr_has "  ... the warning names -r 0 and -r 1" "^warning: .*-ge $ge -r 0 -f8 0, this run has -ge $ge -r 1 -f8 0"
+    if [[ $prec == bf16 ]]; then  # a checkpoint of an -f8 1 run, resumed in bf16: a warning (C = 39 takes no -f8 1 itself)
+        d6=$tmp/resume_fp8
+        mkdir -p "$d6"
+        gen model-crc "$M" "$d6/model_00000010.bin"
+        gen state "$d6/state_00000010.bin" "$d6/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --f8 1
+        expect_warn_valid "-y 1 -f8 0 (checkpoint written at -f8 1) resumes, warning" 1 "resuming from step 10" "${rbase[@]}" -o "$d6" -y 1
+        expect_stderr_has "  ... the warning names -f8 1 and -f8 0, and FP8" "^warning: .*-f8 1, this run has .*-f8 0: .*FP8's roundings"
+    fi
     # Another run setup than the checkpoint's: an error (after the 3 warnings), never a fresh start
     # that would overwrite the run's checkpoints. Another -b is not one: with the same -d it resumes.
     expect_error_after_warnings "-y 1 -b 1 (written at -b 2, -d 32; -d now B*T = 16): error" 3 "resume with -d 32" "${rbase[@]}" -o "$d" -y 1 -b 1
@@ -439,8 +450,8 @@ for prec in fp32 bf16; do
     gen state "$d2/state_00000010.bin" "$d2/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --cursor 1000
     expect_error "-y 1: data position beyond the token file" "$tmp/train.bin" "${rbase[@]}" -o "$d2" -y 1
     # State files of an older train_gpt count windows of B*T tokens: in order they resume (window k is
-    # sequence k*B: 93 windows of 32 tokens are 186 of the 187 sequences, 94 would be past them);
-    # shuffled they are refused.
+    # sequence k*B; at 93, the end of the 93 windows of 32 tokens, the next epoch's start; 94 is past
+    # them: a damaged file); shuffled they are refused.
     for case in "93 0" "94 0" "5 1"; do
         read -r cursor shuffle <<<"$case"
         d5=$tmp/resume_windows_${cursor}_$prec
@@ -449,7 +460,7 @@ for prec in fp32 bf16; do
         gen state "$d5/state_00000010.bin" "$d5/model_00000010.bin" 10 2 16 --data "$tmp/train.bin" --ge "$ge" --windows \
             --cursor "$cursor" --shuffle "$shuffle"
     done
-    expect_warn_valid "-y 1, an older file (windows) in order at window 93: resumes" 0 "resuming from step 10" \
+    expect_warn_valid "-y 1, an older file (windows) in order at its epoch end (93): resumes" 0 "resuming from step 10" \
         "${rbase[@]}" -sh 0 -o "$tmp/resume_windows_93_$prec" -y 1
     expect_error "-y 1, an older file in order at window 94 = sequence 188: beyond the data" "beyond the 187 sequences" \
         "${rbase[@]}" -sh 0 -o "$tmp/resume_windows_94_$prec" -y 1

@@ -9,13 +9,13 @@ Not a test itself (run_tests.sh runs test_*.py only). numpy only, so it starts f
   model-crc IN OUT                         a model checkpoint as train_gpt writes it: IN (e.g. from
                                             gpt_reference.py, crc 0) with its crc field set
   state OUT MODEL STEP B T --data TOKENS [--epoch E] [--cursor K] [--seed S] [--shuffle 0|1] [--ge G] [--r R]
-        [--total-batch D] [--windows]
+        [--f8 F] [--total-batch D] [--windows]
                                             a training-state file for the model checkpoint MODEL, as
                                             train_gpt writes it (master = MODEL's parameters, AdamW
                                             m = v = 0, its crc field set; no outlier windows, as before
                                             the outlier guard: they load empty) for a run of -b B -t T
-                                            -sd S (default 1337) -sh (default 1) -ge G -r R (defaults: the
-                                            bf16 build's, 2 and 0) -d D (default B*T) on the token file
+                                            -sd S (default 1337) -sh (default 1) -ge G -r R -f8 F (defaults: the
+                                            bf16 build's, 2, 0 and 0) -d D (default B*T) on the token file
                                             TOKENS, at data position (E, K) in sequences; --windows: as
                                             an older train_gpt wrote it, K in windows of B*T tokens
   edit IN OUT [--flip OFFSET [--xor MASK]] [--drop N] [--append N] [--set-int SLOT=VALUE] [--set-float I=VALUE]
@@ -78,7 +78,7 @@ def cmd_state(a):
     tokens = open(a.data, "rb").read()[HEADER_BYTES:]
     fields = dict(step=a.step, B=a.B, T=a.T, num_params=n, loader_epoch=a.epoch, loader_cursor=a.cursor,
                   sampler_rng=12345, seed=a.seed, shuffle=a.shuffle, data_crc=zlib.crc32(tokens),
-                  data_tokens=len(tokens) // 2, gelu_fusion=a.ge, recompute=a.r, total_batch=a.total_batch or a.B * a.T,
+                  data_tokens=len(tokens) // 2, gelu_fusion=a.ge, recompute=a.r, fp8=a.f8, total_batch=a.total_batch or a.B * a.T,
                   cursor_unit=ff.CURSOR_WINDOWS if a.windows else ff.CURSOR_SEQUENCES)
     zeros = np.zeros(n, np.float32)
     payload = params.tobytes() + zeros.tobytes() + zeros.tobytes()
@@ -134,6 +134,7 @@ def main():
     q.add_argument("--shuffle", type=int, default=1)
     q.add_argument("--ge", type=int, default=2)
     q.add_argument("--r", type=int, default=0)
+    q.add_argument("--f8", type=int, default=0)
     q.add_argument("--total-batch", type=int, default=0)
     q.add_argument("--windows", action="store_true")
     q.set_defaults(fn=cmd_state)
