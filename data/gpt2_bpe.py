@@ -9,8 +9,11 @@
   atomic_write(path, chunks)               temp file in the same folder, fsync, rename, fsync the folder
   regular_file(path)                       exists as a regular file? (a FIFO or a device is an error)
   Parser, exit_on_signals()                the scripts' one-line argument errors; SIGTERM/SIGHUP clean up
+  utf8_line(path, n, line, error)          line n of a file as text (its BOM dropped), or `error` naming where
+  plural(n, word)                          "1 file", "2,048 files"
 
-Not a program: imported by data/prepare_tinyshakespeare.py, data/prepare_text.py and gpt_reference.py.
+Not a program: imported by data/prepare_tinyshakespeare.py, data/prepare_text.py, data/prepare_hellaswag.py and
+gpt_reference.py.
 """
 
 import argparse
@@ -48,6 +51,20 @@ VOCAB_SIZE = 50257
 
 class PrepError(Exception):
     """A bad input: the scripts print it as one `error: ...` line and exit 1."""
+
+
+def utf8_line(path, n, line, error=PrepError):
+    """Line n (from 1) of `path`, bytes, as text without the byte-order mark a first line may carry;
+    bytes that are not UTF-8 raise `error` naming the line, byte and column."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"'{path}' line {n:,} is not UTF-8: byte 0x{line[e.start]:02x} at column {e.start + 1:,} ({e.reason})")
+    return text[1:] if n == 1 and text.startswith("\ufeff") else text
+
+
+def plural(n, word):
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def error_text(e):

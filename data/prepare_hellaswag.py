@@ -40,17 +40,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 try:  # both need numpy
     from eval_file import EvalFileError, eval_file_chunks, example_words
-    from gpt2_bpe import Parser, PrepError, atomic_write, error_text, exit_on_signals, local_encoding, regular_file
+    from gpt2_bpe import (Parser, PrepError, atomic_write, error_text, exit_on_signals, local_encoding, plural,
+                          regular_file, utf8_line)
 except ImportError as e:  # a Python without it: one line naming the one make found, no traceback
     sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
     from python_check import exit_wrong_python
     exit_wrong_python(e, "data/prepare_hellaswag.py")
 
 COMPLETIONS = 4  # HellaSwag's endings; llm.c's readers of this format expect 4
-
-
-def plural(n, word):
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def default_out(path):
@@ -83,14 +80,7 @@ def read_lines(path):
             if not line:
                 return
             n += 1
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise PrepError(f"'{path}' line {n:,} is not UTF-8: byte 0x{line[e.start]:02x} at column "
-                                f"{e.start + 1:,}")
-            if n == 1 and text.startswith("\ufeff"):
-                text = text[1:]
-            yield n, text
+            yield n, utf8_line(path, n, line)
 
 
 JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",

@@ -94,7 +94,8 @@ except ImportError as e:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpt2_bpe import (EOT, Parser, PrepError, atomic_write, error_text, exit_on_signals, fsync_folder,  # noqa: E402
-                      local_encoding, regular_file, token_file_header, tokenizer_file_ok, write_tokenizer)
+                      local_encoding, plural, regular_file, token_file_header, tokenizer_file_ok, utf8_line,
+                      write_tokenizer)
 
 READ_BYTES = 1 << 20        # bytes read from a text file at a time
 PIECE_CHARS = 1 << 20       # a document longer than this is encoded in pieces of about this size
@@ -110,10 +111,6 @@ PROGRESS_SECONDS = 1.0 if sys.stdout.isatty() else 30.0  # between progress line
 
 class BadFile(PrepError):
     """A file that is not what its name says: --skip-bad-files skips it, else the run ends."""
-
-
-def plural(n, word):
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -327,13 +324,7 @@ def read_jsonl(inp, field, counts, progress):
         for n, line in enumerate(lines, 1):
             if n % 1024 == 0:
                 progress.at(raw.tell())
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise BadFile(f"'{inp.path}' line {n:,} is not UTF-8: byte 0x{line[e.start]:02x} at column "
-                              f"{e.start + 1:,} ({e.reason})")
-            if n == 1 and text.startswith("\ufeff"):
-                text = text[1:]
+            text = utf8_line(inp.path, n, line, BadFile)
             if not text.strip():
                 continue
             try:
