@@ -92,6 +92,17 @@ static ncclUniqueId test_id() {  // what rank 0 hands out: a known pattern, no N
 static int test_id() { return 0; }
 #endif
 
+// Rank 1 of 2, alone in a child process, meeting rank 0 at `where` with `setup`: its exit code, and its
+// stderr in *err. timeout > 0: GPT_RENDEZVOUS_TIMEOUT in the child.
+static int lone_rank1(const std::string& where, const std::string& setup, std::string* err, int timeout = 0) {
+    return in_child([&] {
+        if (timeout > 0) setenv("GPT_RENDEZVOUS_TIMEOUT", std::to_string(timeout).c_str(), 1);
+        Dist d;
+        d.rank = 1, d.world = 2, d.local_world = 2;
+        dist_rendezvous(d, where, setup, test_id);
+    }, err);
+}
+
 // Ranks as child processes: each rendezvous at `where`, then runs after(d) and exits 0. prepare(r, d)
 // runs in the child first (its environment, a rank it claims, its world).
 using After = std::function<void(Dist&)>;
@@ -667,11 +678,7 @@ int main(int argc, char** argv) {
                 told += bytes_until_closed(s, 3, &closed);
             });
             std::string err;
-            const int code = in_child([&] {
-                Dist d;
-                d.rank = 1, d.world = 2, d.local_world = 2;
-                dist_rendezvous(d, local(fake.port), "secret-setup-word", test_id);
-            }, &err);
+            const int code = lone_rank1(local(fake.port), "secret-setup-word", &err);
             report("a rank 0 that cannot prove the secret: rank 1 sends it no hello and ends with one line",
                    code == 1 && one_error(err, "could not prove that it knows the run secret") && fake_saw == 1 && told == 0,
                    first_line(err) + "; it got " + std::to_string(told.load()) + " bytes more");
@@ -801,12 +808,7 @@ int main(int argc, char** argv) {
             });
             std::string err;
             t1 = now_seconds();
-            const int code = in_child([&] {
-                setenv("GPT_RENDEZVOUS_TIMEOUT", "2", 1);
-                Dist d;
-                d.rank = 1, d.world = 2, d.local_world = 2;
-                dist_rendezvous(d, local(fake.port), "a", test_id);
-            }, &err);
+            const int code = lone_rank1(local(fake.port), "a", &err, 2);
             took2 = now_seconds() - t1;
             report(answer ? "rank 0 sends its challenge, then nothing: rank 1 ends within its time limit (2 s)"
                           : "rank 0 accepts and never answers: rank 1 ends within its time limit (2 s)",
@@ -833,12 +835,7 @@ int main(int argc, char** argv) {
         }
         std::string err;
         t1 = now_seconds();
-        const int code = in_child([&] {
-            setenv("GPT_RENDEZVOUS_TIMEOUT", "2", 1);
-            Dist d;
-            d.rank = 1, d.world = 2, d.local_world = 2;
-            dist_rendezvous(d, local(qport), "a", test_id);
-        }, &err);
+        const int code = lone_rank1(local(qport), "a", &err, 2);
         took2 = now_seconds() - t1;
         for (int s : fillers) close(s);
         close(q);
@@ -930,12 +927,7 @@ int main(int argc, char** argv) {
         fprintf(f, "%s %s fedcba9876543210fedcba9876543210\n", ob.host.c_str(), ob.port.c_str());
         fclose(f);
         std::string err;
-        int code = in_child([&] {
-            setenv("GPT_RENDEZVOUS_TIMEOUT", "2", 1);
-            Dist d;
-            d.rank = 1, d.world = 2, d.local_world = 2;
-            dist_rendezvous(d, "file:" + file, "a", test_id);
-        }, &err);
+        int code = lone_rank1("file:" + file, "a", &err, 2);
         start_rank(run_b, 1, 2, "file:" + other, "a", quiet);
         wait_ranks(run_b);
         report("a file naming another run's rank 0 (another nonce): not joined; that run goes on", code == 1 && count_lines(err) == 1 &&
@@ -946,22 +938,12 @@ int main(int argc, char** argv) {
         f = fopen(file.c_str(), "w");
         fprintf(f, "some-host\x1b[31m 80\n");
         fclose(f);
-        code = in_child([&] {
-            setenv("GPT_RENDEZVOUS_TIMEOUT", "1", 1);
-            Dist d;
-            d.rank = 1, d.world = 2, d.local_world = 2;
-            dist_rendezvous(d, "file:" + file, "a", test_id);
-        }, &err);
+        code = lone_rank1("file:" + file, "a", &err, 1);
         report("a malformed file: 'malformed' and what it holds (printable), not 'no address yet'",
                code == 1 && one_error(err, "is malformed") && err.find("\\x1b[31m") != std::string::npos && no_control_bytes(err),
                first_line(err));
         unlink(file.c_str());
-        code = in_child([&] {
-            setenv("GPT_RENDEZVOUS_TIMEOUT", "1", 1);
-            Dist d;
-            d.rank = 1, d.world = 2, d.local_world = 2;
-            dist_rendezvous(d, "file:" + file, "a", test_id);
-        }, &err);
+        code = lone_rank1("file:" + file, "a", &err, 1);
         report("no file: 'no address yet'", code == 1 && one_error(err, "no address in " + file + " yet"), first_line(err));
         unlink(other.c_str());
     }
@@ -973,11 +955,7 @@ int main(int argc, char** argv) {
             send_before(s, answer, sizeof(answer) - 1, now_seconds() + 2);
         });
         std::string err;
-        const int code = in_child([&] {
-            Dist d;
-            d.rank = 1, d.world = 2, d.local_world = 2;
-            dist_rendezvous(d, local(web.port), "a", test_id);
-        }, &err);
+        const int code = lone_rank1(local(web.port), "a", &err);
         report("another program on rank 0's port: 'not this program's rendezvous', not 'closed the connection'",
                code == 1 && one_error(err, "is not this program's rendezvous") && err.find("closed") == std::string::npos, first_line(err));
         // Rank 1 fails while its exit is slow and rank 0 ends meanwhile: its own line only.
