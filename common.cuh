@@ -2,7 +2,7 @@
 //   - error handling: cuda_check / cublas_check, and fail() for a one-line error plus a non-zero exit
 //   - floatX: the activation/parameter type of a training build (PRECISION=FP32|BF16)
 //   - Vec128<T>: the one 128-bit vector type, for 16-byte loads and stores
-//   - warp_sum / warp_max: the one warp-wide reduction of each kind
+//   - warp_sum / warp_max: the one warp-wide reduction of each kind; abs_bits / block_atomic_max: FP8's amax
 //   - Rng: the one pseudo-random generator (splitmix64, host)
 // The labs' and tests' own helpers (timing, tolerance checks, the pass/fail count) are in dev/lab.cuh.
 // Host-only programs may include it too (it needs only the CUDA runtime headers).
@@ -136,6 +136,26 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
+}
+
+// FP8's amax (fp8.cuh) is a max over the bits of |x|: non-negative floats order as their bits do (a
+// NaN's above every number), so the max is the same bits in any order, atomics included. The
+// producers that write a tensor's amax beside it (layernorm_forward, gelu_forward) and the FP8 amax
+// kernel share these two.
+__device__ __forceinline__ unsigned abs_bits(float x) { return __float_as_uint(fabsf(x)); }
+// *dst = max(*dst, v over the block's BLOCK threads): one atomicMax per block. Every thread of the
+// block calls it (a barrier inside).
+template <int BLOCK> __device__ __forceinline__ void block_atomic_max(unsigned* dst, unsigned v) {
+    static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "whole warps, at most 1024 threads");
+    __shared__ unsigned warp_max_bits[BLOCK / 32];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    if (threadIdx.x % 32 == 0) warp_max_bits[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < BLOCK / 32; w++) v = max(v, warp_max_bits[w]);
+        atomicMax(dst, v);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 // float64 reference with derived bounds and times them beside bf16).
 //
 //   fp8_quantize         x (R, C) bf16, rows ld apart -> q (R, C) and/or qt (C, R) FP8, one scale from amax(x)
+//                        (its own pass over x, or the amax the kernel that wrote x left in the slot)
+//   fp8_quantize_batch   the same for `count` tensors one after another (a layer kind's L weights)
 //   fp8_forward          out (N, OC) = inp (N, C) weight (OC, C)^T + bias (+ residual)   bf16 out
 //   fp8_backward_input   dinp (N, C) = dout (N, OC) weight                               bf16 out
 //   fp8_backward_weight  dweight (OC, C) += dout^T inp                                   fp32 or bf16, accumulated
@@ -86,23 +88,18 @@ __host__ __device__ inline float fp8_scale(float amax, int emax) {
 // The cast pair: amax, then scale + cast (+ transpose).
 
 // amax = max |x| over the C first values of R rows ld apart (C and ld multiples of 8, x 16-byte
-// aligned) into *amax_bits, zeroed before.
-__global__ void __launch_bounds__(256) fp8_amax_kernel(unsigned* amax_bits, const __nv_bfloat16* x, size_t R, int C, int ld) {
+// aligned) into meta's amax slot (meta[2]'s bits), zeroed before. A batch: blockIdx.y picks the
+// tensor, the tensors R ld apart in x, their metas 4 floats apart.
+__global__ void __launch_bounds__(256) fp8_amax_kernel(float* meta, const __nv_bfloat16* x, size_t R, int C, int ld) {
+    x += blockIdx.y * R * ld;
     const size_t per_row = C / 8, n = R * per_row;  // vectors of 8
     unsigned m = 0;
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
         const Vec128<__nv_bfloat16> v = Vec128<__nv_bfloat16>::load(x + i / per_row * ld + i % per_row * 8);
 #pragma unroll
-        for (int j = 0; j < 8; j++) m = max(m, __float_as_uint(fabsf(__bfloat162float(v[j]))));
+        for (int j = 0; j < 8; j++) m = max(m, abs_bits(__bfloat162float(v[j])));
     }
-    m = __reduce_max_sync(0xffffffffu, m);
-    __shared__ unsigned warp_max[8];
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; w++) m = max(m, warp_max[w]);
-        atomicMax(amax_bits, m);
-    }
+    block_atomic_max<256>(reinterpret_cast<unsigned*>(meta + 4 * blockIdx.y + 2), m);
 }
 
 template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b, float c, float d) {
@@ -114,7 +111,8 @@ template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b,
 
 // x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s
 // amax; block (0, 0) also writes meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C
-// multiples of 16. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8 each (a row is 8
+// multiples of 16. A batch: blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q
+// and qt, their metas 4 floats apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8 each (a row is 8
 // threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
 // thread t reads column t % 64 at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a
 // row: no bank conflict) and writes those 16 FP8 values as one 16-byte vector of qt's row.
@@ -123,6 +121,8 @@ template <bool E5M2, bool kNatural, bool kTransposed>
 __global__ void __launch_bounds__(256)
     fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const __nv_bfloat16* x, int R, int C, int ld) {
     __shared__ __align__(16) __nv_bfloat16 tile[kCastTile][kCastTile];
+    const size_t z = blockIdx.z;
+    x += z * R * ld, q += z * R * C, qt += z * R * C, meta += 4 * z;
     constexpr int emax = E5M2 ? 15 : 8;  // kE5M2.emax, kE4M3.emax
     const float s = fp8_scale(__uint_as_float(*reinterpret_cast<const unsigned*>(meta + 2)), emax);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[0] = 1.0f / s, meta[1] = s;
@@ -168,32 +168,87 @@ struct Fp8Tensor {
     const float* scale_inv() const { return meta; }
 };
 
-// Quantizes x (R, C), rows ld apart (0: C): natural writes q, transposed writes qt, one read of x
-// each for the amax and the cast. "" when enqueued, or why not.
-inline std::string fp8_quantize(Fp8Tensor& t, const __nv_bfloat16* x, int R, int C, bool natural, bool transposed,
-                                cudaStream_t stream = 0, int ld = 0) {
-    if (ld == 0) ld = C;
+// Where a tensor's amax comes from: fp8_quantize's own pass over x (compute), or the kernel that
+// produced x, which wrote it into the tensor's amax slot (given: fp8_amax_slot before that kernel).
+enum class Fp8Amax { compute, given };
+
+// Zeroes t's amax slot (meta[2]) on `stream` and returns it, for the kernel that produces the tensor
+// to atomicMax the bits of |x| into (abs_bits, block_atomic_max), as fp8_amax_kernel would.
+inline unsigned* fp8_amax_slot(Fp8Tensor& t, cudaStream_t stream = 0) {
+    cuda_check(cudaMemsetAsync(t.meta + 2, 0, sizeof(float), stream));
+    return reinterpret_cast<unsigned*>(t.meta + 2);
+}
+
+// Why `count` tensors (R, C), rows ld apart, cannot be cast into t ("": they can).
+inline std::string fp8_cast_refusal(const Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, bool natural,
+                                    bool transposed) {
     if (R % 16 || C % 16) return strf("a %d x %d tensor: FP8 casts need both dimensions multiples of 16", R, C);
     if (!is_aligned16(x)) return "the bf16 input is not 16-byte aligned: FP8 casts read 16-byte vectors";
     if (ld % 8 || ld < C) return strf("rows %d apart: FP8 casts read rows of %d values in 16-byte vectors", ld, C);
     if (!natural && !transposed) return "nothing to write";
+    if (size_t(count) * R * C > t.capacity) fail("fp8 cast: %d x %d x %d is past the buffer's %zu elements", count, R, C, t.capacity);
+    if ((C + kCastTile - 1) / kCastTile > 65535) fail("fp8 cast: C = %d is past the grid's 65535 column tiles", C);
+    if (count < 1 || count > 65535) fail("fp8 cast: a batch of %d tensors (1 to 65535)", count);
+    return "";
+}
+
+// The amax pass over `count` tensors (blocks shared out between them; their slots zeroed before), then
+// the cast of each.
+inline void fp8_amax_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, cudaStream_t stream) {
     const size_t n = size_t(R) * C;
-    if (n > t.capacity) fail("fp8_quantize: %d x %d is past the buffer's %zu elements", R, C, t.capacity);
-    if ((C + kCastTile - 1) / kCastTile > 65535) fail("fp8_quantize: C = %d is past the grid's 65535 column tiles", C);
-    t.R = R, t.C = C;
-    cuda_check(cudaMemsetAsync(t.meta + 2, 0, sizeof(float), stream));
-    fp8_amax_kernel<<<elementwise_blocks(n / 8), 256, 0, stream>>>(reinterpret_cast<unsigned*>(t.meta + 2), x, R, C, ld);
+    const dim3 grid(std::max(1, elementwise_blocks(count * n / 8) / count), count);
+    fp8_amax_kernel<<<grid, 256, 0, stream>>>(t.meta, x, R, C, ld);
     cuda_check_launch();
+}
+inline void fp8_cast_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, bool natural, bool transposed,
+                            cudaStream_t stream) {
     using Kernel = void (*)(uint8_t*, uint8_t*, float*, const __nv_bfloat16*, int, int, int);
     const bool e5m2 = t.fmt->type == CUDA_R_8F_E5M2;
     const Kernel k = e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
                                      : fp8_cast_kernel<true, false, true>)
                           : (natural ? (transposed ? fp8_cast_kernel<false, true, true> : fp8_cast_kernel<false, true, false>)
                                      : fp8_cast_kernel<false, false, true>);
-    const dim3 grid((R + kCastTile - 1) / kCastTile, (C + kCastTile - 1) / kCastTile);
+    const dim3 grid((R + kCastTile - 1) / kCastTile, (C + kCastTile - 1) / kCastTile, count);
     k<<<grid, 256, 0, stream>>>(t.q, t.qt, t.meta, x, R, C, ld);
     cuda_check_launch();
+}
+
+// Quantizes x (R, C), rows ld apart (0: C): natural writes q, transposed writes qt. With
+// Fp8Amax::compute one read of x for the amax and one for the cast; with Fp8Amax::given the amax is
+// already in t's slot (fp8_amax_slot, then the kernel that wrote x) and only the cast reads x: the same
+// bytes and scale. "" when enqueued, or why not.
+inline std::string fp8_quantize(Fp8Tensor& t, const __nv_bfloat16* x, int R, int C, bool natural, bool transposed,
+                                cudaStream_t stream = 0, int ld = 0, Fp8Amax amax = Fp8Amax::compute) {
+    if (ld == 0) ld = C;
+    const std::string why = fp8_cast_refusal(t, x, 1, R, C, ld, natural, transposed);
+    if (!why.empty()) return why;
+    t.R = R, t.C = C;
+    if (amax == Fp8Amax::compute) {
+        fp8_amax_slot(t, stream);
+        fp8_amax_launch(t, x, 1, R, C, ld, stream);
+    }
+    fp8_cast_launch(t, x, 1, R, C, ld, natural, transposed, stream);
     return "";
+}
+
+// Quantizes `count` tensors (R, C) stored one after another in x (R C apart) into t's q and qt (R C
+// apart) and its metas (4 floats apart, 16 bytes: every 1 / s stays aligned), each with its own scale:
+// the bytes and scales of `count` fp8_quantize calls, in one amax and one cast launch. Every amax slot
+// must be zeroed before (fp8_zero_amax_slots: one memset for them all). "" when enqueued, or why not.
+inline std::string fp8_quantize_batch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, bool natural, bool transposed,
+                                      cudaStream_t stream = 0) {
+    const std::string why = fp8_cast_refusal(t, x, count, R, C, C, natural, transposed);
+    if (!why.empty()) return why;
+    t.R = R, t.C = C;
+    fp8_amax_launch(t, x, count, R, C, C, stream);
+    fp8_cast_launch(t, x, count, R, C, C, natural, transposed, stream);
+    return "";
+}
+
+// Zeroes the amax slots of `count` metas 4 floats apart from meta (one strided memset; the scales are
+// left as they are).
+inline void fp8_zero_amax_slots(float* meta, int count, cudaStream_t stream = 0) {
+    cuda_check(cudaMemset2DAsync(meta + 2, 4 * sizeof(float), 0, sizeof(float), count, stream));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -118,10 +118,12 @@ template <typename T, int WPR> __host__ __device__ constexpr int forward_block_t
     return block_threads<WPR, kForwardMinBlockOf<T>>();
 }
 
-template <typename T, int WPR>
+// AMAX: also *amax_bits = max(*amax_bits, the bits of |y| over every y written, as stored in T), FP8's
+// amax of out (fp8.cuh); a template argument, so that the kernel without it is the code it was.
+template <typename T, int WPR, bool AMAX = false>
 __global__ void __launch_bounds__(forward_block_threads<T, WPR>())
     layernorm_forward_vec_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
-                                 int C, int out_ld) {
+                                 int C, int out_ld, unsigned* amax_bits) {
     constexpr int BLOCK = forward_block_threads<T, WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
     constexpr int K = kForwardColsPerThread / VS;
     __shared__ float buf[2][BLOCK / 32];
@@ -154,15 +156,17 @@ __global__ void __launch_bounds__(forward_block_threads<T, WPR>())
                 sq += d * d;
             }
     const float s = rsqrtf(row_group_sum<WPR, BLOCK>(sq, buf[1]) / C + kEps);
-    if (!active) return;  // no barrier after this point
-    if (t == 0) {
+    // No barrier after this point, but AMAX's at the end, which inactive groups reach writing nothing.
+    if (!AMAX && !active) return;
+    if (t == 0 && active) {
         if (mean) mean[row] = m;
         if (rstd) rstd[row] = s;
     }
+    unsigned amax = 0;
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;
-        if (i < nvec) {
+        if (i < nvec && active) {
             const Vec128<T> w = Vec128<T>::load(weight + size_t(i) * VS);
             const Vec128<T> b = Vec128<T>::load(bias + size_t(i) * VS);
             Vec128<T> y;
@@ -170,16 +174,20 @@ __global__ void __launch_bounds__(forward_block_threads<T, WPR>())
             for (int j = 0; j < VS; j++)
                 y[j] = from_float<T>((to_float(xv[k][j]) - m) * s * to_float(w[j]) + to_float(b[j]));
             y.store(out + size_t(row) * out_ld + size_t(i) * VS);
+            if constexpr (AMAX)
+#pragma unroll
+                for (int j = 0; j < VS; j++) amax = max(amax, abs_bits(to_float(y[j])));
         }
     }
+    if constexpr (AMAX) block_atomic_max<BLOCK>(amax_bits, amax);
 }
 
 // Forward, general path: one block of 256 threads per row, scalar accesses, three passes over the row
-// (the second and third hit L1/L2). Any C >= 1, any alignment.
-template <typename T>
+// (the second and third hit L1/L2). Any C >= 1, any alignment. AMAX: as the vector kernel's.
+template <typename T, bool AMAX = false>
 __global__ void __launch_bounds__(256)
     layernorm_forward_general_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
-                                     int C, int out_ld) {
+                                     int C, int out_ld, unsigned* amax_bits) {
     __shared__ float buf[2][8];
     const int row = blockIdx.x;
     const size_t offset = size_t(row) * C;
@@ -197,8 +205,13 @@ __global__ void __launch_bounds__(256)
         if (mean) mean[row] = m;
         if (rstd) rstd[row] = s;
     }
-    for (int c = threadIdx.x; c < C; c += 256)
-        out[size_t(row) * out_ld + c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+    unsigned amax = 0;
+    for (int c = threadIdx.x; c < C; c += 256) {
+        const T y = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+        out[size_t(row) * out_ld + c] = y;
+        if constexpr (AMAX) amax = max(amax, abs_bits(to_float(y)));
+    }
+    if constexpr (AMAX) block_atomic_max<256>(amax_bits, amax);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -528,9 +541,9 @@ template <typename T> inline int backward_warps_per_row(int C) {
     return 0;
 }
 
-template <typename T>
+template <typename T, bool AMAX>
 void forward_launch(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                    int out_ld, cudaStream_t stream) {
+                    int out_ld, unsigned* amax_bits, cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
     if (out_ld == 0) out_ld = C;
     if (out_ld < C) fail("layernorm_forward: out_ld %d < C %d", out_ld, C);
@@ -539,8 +552,8 @@ void forward_launch(T* out, float* mean, float* rstd, const T* inp, const T* wei
 #define LN_FWD(W)                                                                                              \
     case W: {                                                                                                  \
         constexpr int block = forward_block_threads<T, W>(), rows = block / (32 * W);                         \
-        layernorm_forward_vec_kernel<T, W>                                                                     \
-            <<<(N + rows - 1) / rows, block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, out_ld);  \
+        layernorm_forward_vec_kernel<T, W, AMAX><<<(N + rows - 1) / rows, block, 0, stream>>>(               \
+            out, mean, rstd, inp, weight, bias, N, C, out_ld, amax_bits);                                      \
         break;                                                                                                 \
     }
         switch (wpr) {
@@ -549,7 +562,8 @@ void forward_launch(T* out, float* mean, float* rstd, const T* inp, const T* wei
         }
 #undef LN_FWD
     } else {
-        layernorm_forward_general_kernel<T><<<N, 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, out_ld);
+        layernorm_forward_general_kernel<T, AMAX><<<N, 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, out_ld,
+                                                                         amax_bits);
     }
     cuda_check_launch();
 }
@@ -663,10 +677,16 @@ template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(i
 // default stream):
 //   out_ld: the distance between out's rows in elements, >= C (0: C); elements [C, out_ld) of each
 //           row are left as they are (train_gpt keeps a column of ones there, matmul_backward_weight_bias).
+//   amax_bits: *amax_bits = max(*amax_bits, the bits of |y| over the N C values written, as stored in
+//           T): the amax of out that FP8's cast needs (fp8.cuh's fp8_amax_slot, zeroed by the caller),
+//           so that it need not read out again. One atomicMax per block. Null: the kernels as they were
+//           (AMAX is a template argument: the kernels without it are unchanged).
 struct LayerNormForwardOptions {
     int out_ld = 0;
+    unsigned* amax_bits = nullptr;
     cudaStream_t stream = 0;
     LayerNormForwardOptions& with_out_ld(int ld) { out_ld = ld; return *this; }
+    LayerNormForwardOptions& with_amax(unsigned* bits) { amax_bits = bits; return *this; }
     LayerNormForwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
 };
 
@@ -675,7 +695,12 @@ struct LayerNormForwardOptions {
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
                        const LayerNormForwardOptions& options = LayerNormForwardOptions()) {
-    layernorm_detail::forward_launch<T>(out, mean, rstd, inp, weight, bias, N, C, options.out_ld, options.stream);
+    if (options.amax_bits)
+        layernorm_detail::forward_launch<T, true>(out, mean, rstd, inp, weight, bias, N, C, options.out_ld, options.amax_bits,
+                                                  options.stream);
+    else
+        layernorm_detail::forward_launch<T, false>(out, mean, rstd, inp, weight, bias, N, C, options.out_ld, nullptr,
+                                                   options.stream);
 }
 
 // Bytes of scratch layernorm_backward needs for these shapes on the current device, with or without

@@ -222,18 +222,27 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-template <typename T, int VS> __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
+// AMAX: also *amax_bits = max(*amax_bits, the bits of |y| over every y written, as stored in T), FP8's
+// amax of out (blocks of 256 threads); a template argument, so that the kernel without it is the code it was.
+template <typename T, int VS, bool AMAX = false> __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n, unsigned* amax_bits) {
+    unsigned amax = 0;
     for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
         if constexpr (VS == 1) {
-            out[i] = from_float<T>(gelu_tanh(to_float(inp[i])));
+            const T y = from_float<T>(gelu_tanh(to_float(inp[i])));
+            out[i] = y;
+            if constexpr (AMAX) amax = max(amax, abs_bits(to_float(y)));
         } else {
             const Vec128<T> x = Vec128<T>::load(inp + i);
             Vec128<T> y;
 #pragma unroll
             for (int j = 0; j < VS; j++) y[j] = from_float<T>(gelu_tanh(to_float(x[j])));
             y.store(out + i);
+            if constexpr (AMAX)
+#pragma unroll
+                for (int j = 0; j < VS; j++) amax = max(amax, abs_bits(to_float(y[j])));
         }
     }
+    if constexpr (AMAX) block_atomic_max<256>(amax_bits, amax);
 }
 
 template <typename T, int VS> __global__ void gelu_backward_kernel(T* d, const T* inp, size_t n) {
@@ -254,12 +263,19 @@ inline int elementwise_blocks(size_t work, int threads = 256) {
     return (int)std::max<size_t>(1, std::min<size_t>((work + threads - 1) / threads, 132 * 16));
 }
 
-template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0) {
+// out = gelu(inp), n values. amax_bits (null: none): *amax_bits = max(*amax_bits, the bits of |out|
+// as stored), the amax FP8's cast of out needs (fp8.cuh's fp8_amax_slot, zeroed by the caller).
+template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0, unsigned* amax_bits = nullptr) {
     constexpr int VS = Vec128<T>::size;
-    if (n % VS == 0 && is_aligned16(out) && is_aligned16(inp))
-        gelu_forward_kernel<T, VS><<<elementwise_blocks(n / VS), 256, 0, stream>>>(out, inp, n);
-    else
-        gelu_forward_kernel<T, 1><<<elementwise_blocks(n), 256, 0, stream>>>(out, inp, n);
+    const bool vec = n % VS == 0 && is_aligned16(out) && is_aligned16(inp);
+    const int blocks = elementwise_blocks(vec ? n / VS : n);
+    if (amax_bits) {
+        if (vec) gelu_forward_kernel<T, VS, true><<<blocks, 256, 0, stream>>>(out, inp, n, amax_bits);
+        else gelu_forward_kernel<T, 1, true><<<blocks, 256, 0, stream>>>(out, inp, n, amax_bits);
+    } else {
+        if (vec) gelu_forward_kernel<T, VS><<<blocks, 256, 0, stream>>>(out, inp, n, nullptr);
+        else gelu_forward_kernel<T, 1><<<blocks, 256, 0, stream>>>(out, inp, n, nullptr);
+    }
     cuda_check_launch();
 }
 

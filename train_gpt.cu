@@ -458,10 +458,20 @@ inline void fp8_must(const std::string& why) {
 // fp8_quantize (fp8.cuh) reads bf16. An fp32 build never gets here (gpt_create_fp8 refuses -f8 1);
 // this call compiles in both.
 template <typename T>
-void fp8_cast(Fp8Tensor& t, const T* x, int R, int C, bool natural, bool transposed, cudaStream_t stream = 0, int ld = 0) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_quantize(t, x, R, C, natural, transposed, stream, ld));
+void fp8_cast(Fp8Tensor& t, const T* x, int R, int C, bool natural, bool transposed, cudaStream_t stream = 0, int ld = 0,
+              Fp8Amax amax = Fp8Amax::compute) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_quantize(t, x, R, C, natural, transposed, stream, ld, amax));
     else fail("FP8 casts need a bf16 build");
 }
+template <typename T> void fp8_cast_batch(Fp8Tensor& t, const T* x, int count, int R, int C) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_quantize_batch(t, x, count, R, C, true, true));
+    else fail("FP8 casts need a bf16 build");
+}
+
+// -f8 1: the layer input's amax slot, zeroed, for the kernel that writes the next linear layer's input
+// (LayerNorm 1 and 2, GELU) to fill as it writes, so that the cast need not read the input twice
+// (linear_forward with Fp8Amax::given). Null without FP8: the kernels as the bf16 path runs them.
+inline unsigned* fp8_input_amax(GPT& m) { return m.fp8.on ? fp8_amax_slot(m.fp8.act) : nullptr; }
 
 // Block l's weight of linear layer k (OC, C), bf16, and its FP8 copies.
 inline floatX* linear_weight(const GPT& m, LinearLayer k, int l) {
@@ -477,16 +487,18 @@ inline Fp8Tensor fp8_weight(const GPT& m, LinearLayer k, int l) {
 }
 
 // The weights' FP8 copies, made whenever the weights change (gpt_create, gpt_update) and read by
-// every micro-batch of the step: one amax and one cast per weight matrix, writing both e4m3 copies
-// (natural for the forward, transposed for dinp). 4L small casts on the default stream.
+// every micro-batch of the step: each matrix with its own scale, both e4m3 copies (natural for the
+// forward, transposed for dinp). One memset of the 4L amax slots (the weights' metas are one array),
+// then per layer kind one amax and one cast launch over its L matrices: 9 launches, not 12 L.
 inline void gpt_cast_weights_fp8(GPT& m) {
     if (!m.fp8.on) return;
     m.profiler.mark("opt.fp8cast");
-    for (int k = 0; k < 4; k++)
-        for (int l = 0; l < m.config.L; l++) {
-            Fp8Tensor w = fp8_weight(m, LinearLayer(k), l);
-            fp8_cast(w, linear_weight(m, LinearLayer(k), l), w.R, w.C, true, true);
-        }
+    const int L = m.config.L;
+    fp8_zero_amax_slots(m.fp8.weight[kQkv].meta, 4 * L);
+    for (int k = 0; k < 4; k++) {
+        Fp8Tensor& w = m.fp8.weight[k];
+        fp8_cast_batch(w, linear_weight(m, LinearLayer(k), 0), L, w.R, w.C);
+    }
 }
 
 // -f8 1: the FP8 buffers (Fp8Buffers) for batches of up to B x T, and the weights' first copies.
@@ -671,15 +683,17 @@ template <typename T> void exp_head_forward_backward(GPT& m, T* logits, float* l
 // apart, end in its column of ones), the weight's was made when the weights changed; e4m3 x e4m3 with
 // fast accumulation into bf16, the bias in the epilogue and the residual as cuBLASLt's C (beta 1, out
 // apart), as matmul_forward adds them. No GELU fusion in FP8 (gpt_create_fp8 sets -ge 0).
+// inp_amax: Fp8Amax::given where the kernel that wrote inp also wrote its amax (fp8_input_amax): the
+// cast then reads inp once, not twice.
 template <typename T>
 void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC,
-                    const MatmulForwardOptions<T>& options) {
+                    const MatmulForwardOptions<T>& options, Fp8Amax inp_amax = Fp8Amax::compute) {
     if (!m.fp8.on) {
         matmul_forward(out, inp, weight, bias, N, C, OC, options);
         return;
     }
     m.profiler.mark("fwd.fp8cast");
-    fp8_cast(m.fp8.act, inp, N, C, true, false, 0, options.inp_ld);
+    fp8_cast(m.fp8.act, inp, N, C, true, false, 0, options.inp_ld, inp_amax);
     m.profiler.mark("fwd.matmul");
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
         fp8_must(fp8_forward(out, m.fp8.act, fp8_weight(m, k, l), bias, true, 0, options.residual));
@@ -709,7 +723,10 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     prof.mark("fwd.encoder");
     encoder_forward(a.encoded, m.batch.inputs, p.wte, p.wpe, B, T, C);
     prof.mark("fwd.layernorm");
-    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, LayerNormForwardOptions().with_out_ld(Cp));
+    // -f8 1: LayerNorm 1 and 2 and GELU also write the amax of what they write into the FP8 layer
+    // input's slot (fp8_input_amax), which the next linear layer's cast takes as given.
+    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C,
+                      LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m)));
     for (int l = 0; l < L; l++) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;  // this layer's input residual
         floatX* ln1 = a.ln1 + l * btcp;
@@ -724,7 +741,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
 
         prof.mark("fwd.matmul");
         linear_forward(m, kQkv, l, qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C,
-                       MatmulForwardOptions<floatX>().with_inp_ld(Cp));
+                       MatmulForwardOptions<floatX>().with_inp_ld(Cp), Fp8Amax::given);
         prof.mark("fwd.attention");
         if (m.flash) flash_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
         else attention_forward(atty, att, a.qkvr, a.yr, qkv, B, T, C, NH);
@@ -735,24 +752,26 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
                        MatmulForwardOptions<floatX>().with_residual(x));
         prof.mark("fwd.layernorm");
         layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C,
-                          LayerNormForwardOptions().with_out_ld(Cp));
+                          LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m)));
         prof.mark("fwd.matmul");
         if (gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
             matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
                            MatmulForwardOptions<floatX>().with_pre_gelu(fch).with_inp_ld(Cp));
         } else {
             linear_forward(m, kFc, l, fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
-                           MatmulForwardOptions<floatX>().with_inp_ld(Cp));
+                           MatmulForwardOptions<floatX>().with_inp_ld(Cp), Fp8Amax::given);
             prof.mark("fwd.gelu");
-            gelu_forward(fch_gelu, fch, 4 * btc);
+            gelu_forward(fch_gelu, fch, 4 * btc, 0, fp8_input_amax(m));
         }
         prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
         linear_forward(m, kFcproj, l, residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C,
-                       C, MatmulForwardOptions<floatX>().with_residual(residual2));
+                       C, MatmulForwardOptions<floatX>().with_residual(residual2),
+                       gelu_fusion >= 1 ? Fp8Amax::compute : Fp8Amax::given);  // FP8 runs -ge 0: gelu_forward wrote it
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
             layernorm_forward(a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
-                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C, LayerNormForwardOptions().with_out_ld(Cp));
+                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C,
+                              LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m)));
         else
             layernorm_forward(a.lnf, s.lnf_mean, s.lnf_rstd, residual3, p.lnfw, p.lnfb, BT, C);
     }
