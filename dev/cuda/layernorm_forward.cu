@@ -37,6 +37,9 @@
 //      residual adds moved into the matmul epilogues): the sum is formed in registers, stored once
 //      and normalized without reading it back.
 //
+// The header's version is also run with its FP8 amax option (with_amax) at every shape: the same bits
+// out, and the amax exactly the largest |out| as stored.
+//
 // Bandwidth: forward bytes = N*C*sizeof(T) read + N*C*sizeof(T) written + 8*N (mean, rstd), plus
 // 2*C*sizeof(T) of weight and bias (negligible). Residual: 2 N C sizeof(T) read + 2 N C sizeof(T)
 // written + 8 N. Reported as a fraction of a device-to-device copy measured in the same run.
@@ -340,6 +343,37 @@ struct Shape {
 const Shape kCheckShapes[] = {{1, 768},  {7, 1},     {5, 33},    {64, 768},  {33, 1000}, {16, 1600}, {300, 1024},
                               {9, 4100}, {4, 16384}, {2, 65536}, {1, 65536}, {2048, 64}, {37, 3072}};
 
+// The header's amax option (LayerNormForwardOptions::with_amax, FP8's amax of out, fp8.cuh): the same
+// call with it must write the same bits (out with what lies between its rows, mean, rstd), and the
+// amax written must be the largest |out| over the N C values as stored, exactly (its float's bits).
+template <typename T>
+bool check_amax_option(const DeviceBuffer<T>& d_out, const DeviceBuffer<float>& d_mean, const DeviceBuffer<float>& d_rstd,
+                       const DeviceBuffer<T>& d_inp, const DeviceBuffer<T>& d_w, const DeviceBuffer<T>& d_bias, int N, int C, int ld,
+                       int shift) {
+    DeviceBuffer<T> out(d_out.n, "out, amax option", shift);
+    DeviceBuffer<float> mean(N, "mean, amax option"), rstd(N, "rstd, amax option");
+    DeviceBuffer<unsigned> amax_bits(1, "amax");
+    out.poison(), mean.poison(), rstd.poison();
+    cuda_check(cudaMemset(amax_bits.ptr, 0, sizeof(unsigned)));
+    layernorm_forward(out.ptr, mean.ptr, rstd.ptr, d_inp.ptr, d_w.ptr, d_bias.ptr, N, C,
+                      LayerNormForwardOptions().with_out_ld(ld == C ? 0 : ld).with_amax(amax_bits.ptr));
+    cuda_check(cudaDeviceSynchronize());
+    const auto y = out.download(), y0 = d_out.download();
+    const auto m = mean.download(), m0 = d_mean.download(), r = rstd.download(), r0 = d_rstd.download();
+    const bool same = std::memcmp(y.data(), y0.data(), y.size() * sizeof(T)) == 0 &&
+                      std::memcmp(m.data(), m0.data(), N * sizeof(float)) == 0 && std::memcmp(r.data(), r0.data(), N * sizeof(float)) == 0;
+    float host = 0.0f;
+    for (int row = 0; row < N; row++)
+        for (int c = 0; c < C; c++) host = std::max(host, std::fabs(to_float(y0[size_t(row) * ld + c])));
+    unsigned got_bits = amax_bits.download()[0];
+    float got;
+    memcpy(&got, &got_bits, sizeof(got));
+    const bool ok = same && got == host;
+    printf("  amax option: %s; amax %.9g (host, max |out| as stored: %.9g) %s\n", same ? "out, mean, rstd the same bits" : "FAIL: OUTPUTS CHANGED",
+           got, host, got == host ? "exact" : "FAIL");
+    return ok;
+}
+
 // strided: out rows out_ld = C + 1 rounded up to 16 bytes apart (the header only); the elements
 // between rows must keep their poison (the LayerNorm writes only its C values).
 // 1: passed, 0: failed, -1: another version ran in this one's place (skipped).
@@ -402,6 +436,7 @@ template <typename T> int check_one(int version, bool residual, int N, int C, in
         const auto res = d_res.download();
         ok &= check_close("residual (exact)", res.data(), ref_res.data(), NC, 0.0, 0.0);
     }
+    if (version == kNumVersions && !residual && !g_wpr && !g_stream_loads && !g_min_block) ok &= check_amax_option(d_out, d_mean, d_rstd, d_a, d_w, d_bias, N, C, ld, shift);
     return ok;
 }
 

@@ -96,6 +96,9 @@
 // poisoned with NaN first and guarded past their ends, fresh inputs per shape (rows with non-zero
 // means, weights with larger rows, gradient rows over 8 binades), dweight from a non-zero start; two
 // runs the same bits; shapes with a dimension not a multiple of 16, and a misaligned input, refused.
+// Training's other casts, byte for byte against fp8_quantize's: batches of weights (fp8_quantize_batch,
+// e4m3 and e5m2, each matrix its own scale, nothing written past the batch) and an amax given by the
+// kernel that wrote the tensor (LayerNorm's and GELU's amax options, whose outputs must not change).
 // Then d12's and d48's layers (8192 rows with --check, else the benchmark's) against the bf16 GEMMs:
 // ||v2 - v1|| / ||v1|| within bound 2's iid value plus both GEMMs' own terms, two runs the same bits.
 //
@@ -117,6 +120,7 @@
 #include "common.cuh"
 #include "dev/lab.cuh"
 #include "fp8.cuh"
+#include "layernorm.cuh"
 #include "matmul.cuh"
 
 using bf16 = __nv_bfloat16;
@@ -153,12 +157,13 @@ double fp8_round(double v, const Fp8Format& f) {
 constexpr size_t kGuard = 64;
 
 // A bf16 tensor's FP8 copies for the lab: fp8.cuh's Fp8Tensor over buffers of its own, each with a
-// guard past it (q_buf and qt_buf hold the copies, meta_buf 1 / s, s and amax's bits).
+// guard past it (q_buf and qt_buf hold the copies, meta_buf 1 / s, s and amax's bits; `metas` of them,
+// 4 floats apart, for a batch).
 struct LabFp8Tensor : Fp8Tensor {
     DeviceBuffer<uint8_t> q_buf, qt_buf;
     DeviceBuffer<float> meta_buf;
-    LabFp8Tensor(const Fp8Format& f, size_t cap)
-        : q_buf(cap + kGuard, "FP8 copy"), qt_buf(cap + kGuard, "FP8 transposed copy"), meta_buf(4, "FP8 scales") {
+    LabFp8Tensor(const Fp8Format& f, size_t cap, int metas = 1)
+        : q_buf(cap + kGuard, "FP8 copy"), qt_buf(cap + kGuard, "FP8 transposed copy"), meta_buf(4 * size_t(metas), "FP8 scales") {
         fmt = &f, q = q_buf.ptr, qt = qt_buf.ptr, meta = meta_buf.ptr, capacity = cap;
     }
     void poison() {
@@ -546,6 +551,148 @@ void check_refusals(TestCounter& tests, bool gpu) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Training's casts besides fp8_quantize with its own amax pass: a layer kind's L weights in one batch
+// (fp8_quantize_batch), and an amax written by the kernel that produced the tensor (layernorm_forward's
+// with_amax, gelu_forward's amax_bits) taken as given (Fp8Amax::given). Each must give fp8_quantize's
+// bytes and scales exactly: the same roundings, only fewer launches and reads.
+
+// A cast's q and qt (the first n bytes and the guard past them) and its 4 meta floats.
+struct CastBytes {
+    std::vector<uint8_t> q, qt;
+    std::vector<float> meta;
+};
+CastBytes cast_bytes(const LabFp8Tensor& t) { return {t.q_buf.download(), t.qt_buf.download(), t.meta_buf.download()}; }
+bool same_cast(const CastBytes& a, const CastBytes& b) {
+    return a.q == b.q && a.qt == b.qt && std::memcmp(a.meta.data(), b.meta.data(), 3 * sizeof(float)) == 0;
+}
+
+// count matrices (R, C), matrix i of magnitude 4^i 2^-3 (each its own scale), cast in one batch against
+// fp8_quantize of each: every byte of both copies, 1 / s, s and amax, and nothing written past the batch.
+void check_batched_casts(TestCounter& tests, bool gpu, Rng& rng) {
+    struct Case {
+        int count, R, C;
+    };
+    const Case cases[] = {{3, 48, 80}, {4, 208, 144}, {2, 64, 768}, {12, 16, 16}, {5, 128, 64}};
+    for (const Fp8Format* f : {&kE4M3, &kE5M2})
+        for (const Case& c : cases) {
+            const std::string what = strf("batch %s %d x (%d x %d)", f->name, c.count, c.R, c.C);
+            if (!gpu) {
+                tests.skip(what.c_str());
+                continue;
+            }
+            const size_t n = size_t(c.R) * c.C;
+            std::vector<bf16> x(c.count * n);
+            for (size_t i = 0; i < x.size(); i++) x[i] = __float2bfloat16(rng.uniform(-1.0f, 1.0f) * std::ldexp(1.0f, 2 * int(i / n) - 3));
+            DeviceBuffer<bf16> dx(x.size(), "batch input");
+            dx.upload(x);
+            LabFp8Tensor all(*f, c.count * n, c.count), one(*f, n);
+            all.poison();
+            fp8_zero_amax_slots(all.meta, c.count);
+            const std::string why = fp8_quantize_batch(all, dx.ptr, c.count, c.R, c.C, true, true);
+            cuda_check(cudaDeviceSynchronize());
+            const CastBytes batch = cast_bytes(all);
+            size_t bad_bytes = 0;
+            int bad_scales = 0, bad_amax = 0;
+            for (int i = 0; i < c.count && why.empty(); i++) {
+                one.poison();
+                const std::string why_one = fp8_quantize(one, dx.ptr + i * n, c.R, c.C, true, true);
+                if (!why_one.empty()) fail("fp8_quantize refused a batch's matrix: %s", why_one.c_str());
+                cuda_check(cudaDeviceSynchronize());
+                const CastBytes single = cast_bytes(one);
+                for (size_t j = 0; j < n; j++) bad_bytes += (batch.q[i * n + j] != single.q[j]) + (batch.qt[i * n + j] != single.qt[j]);
+                bad_scales += std::memcmp(&batch.meta[4 * i], single.meta.data(), 3 * sizeof(float)) != 0;
+                float amax = 0.0f;
+                for (size_t j = 0; j < n; j++) amax = std::max(amax, std::fabs(__bfloat162float(x[i * n + j])));
+                bad_amax += batch.meta[4 * i + 2] != amax;
+            }
+            const bool guards = guard_intact(batch.q, c.count * n) && guard_intact(batch.qt, c.count * n);
+            const bool ok = why.empty() && bad_bytes == 0 && bad_scales == 0 && bad_amax == 0 && guards;
+            printf("  %-26s %s %s%zu bytes differ from fp8_quantize's one by one; %d of %d metas differ, %d amax not the host's; "
+                   "scales 2^%d .. 2^%d; guards %s\n",
+                   what.c_str(), ok ? "ok  " : "FAIL", why.empty() ? "" : ("REFUSED: " + why + "; ").c_str(), bad_bytes, bad_scales,
+                   c.count, bad_amax, int(std::lround(std::log2(batch.meta[1]))), int(std::lround(std::log2(batch.meta[4 * (c.count - 1) + 1]))),
+                   guards ? "intact" : "WRITTEN");
+            tests.record(ok);
+        }
+}
+
+// The forward's producers with the amax option, then the cast with Fp8Amax::given, against the producer
+// without it and fp8_quantize's own amax: the producer's output bit for bit (and nothing between
+// LayerNorm's rows written), the FP8 bytes and scales. Then an amax given that is not x's: the cast
+// must take it as it is (the pass is skipped), its scale fp8_scale of that amax.
+void check_given_amax(TestCounter& tests, bool gpu, Rng& rng) {
+    struct Case {
+        const char* producer;
+        int N, C, ld, shift;  // ld: LayerNorm's out rows (a column of ones after C, as train_gpt's); shift: GELU's input misaligned (scalar kernel)
+    };
+    const Case cases[] = {{"layernorm", 64, 768, 776, 0},  {"layernorm", 208, 144, 152, 0}, {"layernorm", 48, 1600, 1600, 0},
+                          {"gelu", 64, 3072, 3072, 0},     {"gelu", 208, 144, 144, 0},     {"gelu", 48, 400, 400, 1}};
+    for (const Case& c : cases) {
+        const std::string what = strf("%s %d x %d%s%s", c.producer, c.N, c.C, c.ld != c.C ? strf(" (ld %d)", c.ld).c_str() : "",
+                                      c.shift ? " (scalar kernel)" : "");
+        if (!gpu) {
+            tests.skip(what.c_str());
+            continue;
+        }
+        const bool ln = std::string(c.producer) == "layernorm";
+        const size_t n_out = size_t(c.N) * c.ld, n_in = size_t(c.N) * c.C;
+        std::vector<bf16> inp(n_in), w(c.C), b(c.C);
+        if (ln) fill_rows(inp, c.N, c.C, rng);
+        else fill_uniform(inp, -4.0f, 4.0f, rng);
+        fill_uniform(w, 0.5f, 1.5f, rng);
+        fill_uniform(b, -0.5f, 0.5f, rng);
+        DeviceBuffer<bf16> d_inp(n_in, "producer input", c.shift), d_w(c.C, "weight"), d_b(c.C, "bias");
+        DeviceBuffer<bf16> out_plain(n_out, "output, no amax"), out_amax(n_out, "output, amax");
+        d_inp.upload(inp), d_w.upload(w), d_b.upload(b);
+        out_plain.poison(), out_amax.poison();
+        LabFp8Tensor plain(kE4M3, n_in), given(kE4M3, n_in);
+        plain.poison(), given.poison();
+        auto produce = [&](bf16* out, unsigned* amax_bits) {
+            if (ln)
+                layernorm_forward(out, (float*)nullptr, (float*)nullptr, d_inp.ptr, d_w.ptr, d_b.ptr, c.N, c.C,
+                                  LayerNormForwardOptions().with_out_ld(c.ld).with_amax(amax_bits));
+            else gelu_forward(out, (const bf16*)d_inp.ptr, n_in, 0, amax_bits);
+        };
+        produce(out_plain.ptr, nullptr);
+        std::string why = fp8_quantize(plain, out_plain.ptr, c.N, c.C, true, true, 0, c.ld);
+        produce(out_amax.ptr, fp8_amax_slot(given));
+        if (why.empty()) why = fp8_quantize(given, out_amax.ptr, c.N, c.C, true, true, 0, c.ld, Fp8Amax::given);
+        cuda_check(cudaDeviceSynchronize());
+        const std::vector<bf16> y_plain = out_plain.download(), y_amax = out_amax.download();
+        const bool same_out = std::memcmp(y_plain.data(), y_amax.data(), n_out * sizeof(bf16)) == 0;
+        const CastBytes cb_plain = cast_bytes(plain), cb_given = cast_bytes(given);
+        float amax = 0.0f;  // the host's, over the C values of each row
+        for (int r = 0; r < c.N; r++)
+            for (int j = 0; j < c.C; j++) amax = std::max(amax, std::fabs(__bfloat162float(y_amax[size_t(r) * c.ld + j])));
+        const bool same = same_cast(cb_plain, cb_given), amax_ok = cb_given.meta[2] == amax;
+        const bool ok = why.empty() && same_out && same && amax_ok;
+        printf("  %-32s %s %s%s; amax %.6g (host %.6g); FP8 copies and scales %s\n", what.c_str(), ok ? "ok  " : "FAIL",
+               why.empty() ? "" : ("REFUSED: " + why + "; ").c_str(), same_out ? "output the same bits with the amax option" : "OUTPUT CHANGED",
+               cb_given.meta[2], amax, same ? "the same as with fp8_quantize's own amax" : "DIFFERENT");
+        tests.record(ok);
+    }
+    const char* what = "given amax taken as it is";
+    if (!gpu) {
+        tests.skip(what);
+        return;
+    }
+    std::vector<bf16> x(64 * 64);
+    fill_uniform(x, -1.0f, 1.0f, rng);
+    DeviceBuffer<bf16> dx(x.size(), "x");
+    dx.upload(x);
+    LabFp8Tensor t(kE4M3, x.size());
+    const float planted = 100.0f;  // not x's amax (below 1): s 2^2, where x's own would give 2^8
+    cuda_check(cudaMemcpy(t.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+    const std::string why = fp8_quantize(t, dx.ptr, 64, 64, true, false, 0, 0, Fp8Amax::given);
+    cuda_check(cudaDeviceSynchronize());
+    const std::vector<float> meta = t.meta_buf.download();
+    const bool ok = why.empty() && meta[2] == planted && meta[1] == fp8_scale(planted, kE4M3.emax);
+    printf("  %-32s %s amax %.6g (planted %.6g), s 2^%d (fp8_scale of it: 2^%d)\n", what, ok ? "ok  " : "FAIL", meta[2], planted,
+           int(std::lround(std::log2(meta[1]))), int(std::lround(std::log2(fp8_scale(planted, kE4M3.emax)))));
+    tests.record(ok);
+}
+
+// ---------------------------------------------------------------------------------------------
 // GPT-2's layers at full size: checked against the bf16 GEMMs, then timed.
 
 __global__ void fill_uniform_kernel(bf16* x, size_t n, float scale, uint64_t seed) {
@@ -822,6 +969,10 @@ int main(int argc, char** argv) {
     for (const Shape& sh : shapes) check_shape(tests, gpu, sh, rng);
     printf("\nrefusals:\n");
     check_refusals(tests, gpu);
+    printf("\nbatched casts (a layer kind's weights) against fp8_quantize one by one:\n");
+    check_batched_casts(tests, gpu, rng);
+    printf("\namax written by the producer (LayerNorm, GELU), the cast taking it as given:\n");
+    check_given_amax(tests, gpu, rng);
 
     std::vector<BlockSummary> blocks;
     auto gpt2 = [&](int N, bool timing) {
