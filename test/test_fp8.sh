@@ -15,6 +15,9 @@
 #   -ov 0         the weight gradients in line, not on their own stream: the same bits as -ov 1
 #   refusals      a model whose C (40) is not a multiple of 16, and -t 200: exit 1, one `error:` line
 #                 naming it; on a GPU below compute capability 8.9, -f8 1 itself (and nothing else runs)
+#   BASE_BIN=path (optional) another build's train_gpt_bf16, e.g. an earlier commit's: its -f8 1 run must
+#                 give this one's step and val lines and the same bytes in its step-30 model and state
+#                 files (for changes that move work without changing the numerics)
 # The bound of vs bf16 is empirical, and loose on purpose. The lab (docs/fp8.md) measures each GEMM's
 # output within 3.5% (forward) and 6% (backward) of bf16's in norm: rounding errors of zero mean,
 # independent from element to element, so a mean over 1024 tokens' losses moves far less than that
@@ -125,6 +128,22 @@ fi
 ok=0
 grep -q '^device: .*FP8 linear layers -f8 1 ' "$tmp/a.out" && grep -q '^memory: .*(-f8 1: .* GiB of it FP8 copies' "$tmp/a.out" && ok=1
 report "setup: the device line says -f8 1, the memory line the FP8 copies" $ok "$(grep -o '(-f8 1: [^)]*)' "$tmp/a.out" | head -n 1)"
+
+# ---- BASE_BIN: another build, the same run, the same bits
+if [[ -n ${BASE_BIN:-} ]]; then
+    timeout 300 "$BASE_BIN" "${run[@]}" -x 30 -f8 1 -o "$tmp/BASE" -n 10 >"$tmp/base.out" 2>"$tmp/base.err" </dev/null
+    if [[ $? -ne 0 ]]; then
+        report "BASE_BIN: $BASE_BIN -f8 1" 0 "failed"; show "$tmp/base.err"
+    else
+        numeric_steps "$tmp/base.out" >"$tmp/base.steps"; numeric_vals "$tmp/base.out" >"$tmp/base.vals"
+        same "BASE_BIN: step lines = $BASE_BIN's" "$tmp/base.steps" "$tmp/a.steps" 30
+        same "BASE_BIN: val lines = $BASE_BIN's" "$tmp/base.vals" "$tmp/a.vals" 4
+        for f in model_00000030.bin state_00000030.bin; do
+            if cmp -s "$tmp/BASE/$f" "$tmp/A/$f"; then report "BASE_BIN: $f = $BASE_BIN's" 1 "byte for byte"
+            else report "BASE_BIN: $f = $BASE_BIN's" 0 "$(cmp "$tmp/BASE/$f" "$tmp/A/$f" 2>&1 | head -n 1)"; fi
+        done
+    fi
+fi
 
 # ---- vs bf16: the same init, data and flags with -f8 0
 train "$tmp/b" "${run[@]}" -x 30 -f8 0
