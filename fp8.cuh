@@ -112,8 +112,8 @@ template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b,
 // x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s
 // amax; block (0, 0) also writes meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C
 // multiples of 16. A batch: blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q
-// and qt, their metas 4 floats apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8 each (a row is 8
-// threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
+// and qt, their metas 4 floats apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8
+// each (a row is 8 threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
 // thread t reads column t % 64 at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a
 // row: no bank conflict) and writes those 16 FP8 values as one 16-byte vector of qt's row.
 constexpr int kCastTile = 64;
