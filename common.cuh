@@ -185,6 +185,9 @@ struct Rng {
     uint64_t state;
     explicit Rng(uint64_t seed = 0) : state(seed) {}
     uint64_t next() { return splitmix64_mix(state += kSplitMixStep); }
+    // Moves the stream n draws ahead at once (the state only adds kSplitMixStep a draw), so a part of
+    // the stream can be drawn apart from what precedes it: the same numbers as drawing it in order.
+    void skip(uint64_t n) { state += n * kSplitMixStep; }
     double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1), 53 random bits
     float normal() {
         const double u1 = 1.0 - uniform(), u2 = uniform();  // u1 in (0, 1]: log is finite
