@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# usage: [LLMC=/path/to/train_gpt2cu] [ROUNDS=2] [STEPS=30] [TORCH=1] bash scripts/bench_train.sh [MODEL:B ...]
+# usage: [LLMC=/path/to/train_gpt2cu] [FP8=1] [ROUNDS=2] [STEPS=30] [TORCH=1] bash scripts/bench_train.sh [MODEL:B[:STEPS] ...]
 #
 # Training throughput, ours beside llm.c and PyTorch, bf16, T=1024 (T=...), on one GPU. Each MODEL:B
-# (default d12:64; e.g. d12:64 d24:32 d48:8) runs ours and, when LLMC names llm.c's train_gpt2cu
-# binary, llm.c in turn, ROUNDS times (ours, llm.c, ours, llm.c, ...), so clock drift hits both
-# alike. A run's figure is its median step time after WARMUP steps (default 5); a side's figure is
-# the median of its runs' medians; tok/s = B*T / that. PyTorch (scripts/bench_torch_gpt.py: the
+# (default d12:64; e.g. d12:64 d24:32 d48:8; d48:8:20 runs 20 steps there, not STEPS) runs ours, with
+# FP8=1 ours again with its linear layers in FP8 (-f8 1), and, when LLMC names llm.c's train_gpt2cu
+# binary, llm.c, in turn, ROUNDS times (ours, ours FP8, llm.c, ours, ...), so clock drift hits every
+# side alike. A run's figure is its median step time after WARMUP steps (default 5); a side's figure
+# is the median of its runs' medians; tok/s = B*T / that. PyTorch (scripts/bench_torch_gpt.py: the
 # reference model, torch.compile, SDPA flash, bf16 autocast) runs once per MODEL:B after them.
-# Ends with one table: model, B, ours tok/s, llm.c tok/s, ours/llm.c, PyTorch tok/s, ours peak memory.
-# Then, at the first MODEL:B: a -pf 1 breakdown of ours (GPU time per kernel family; PROFILE=0: not)
-# and ours with -r 0 and -r 1 (every activation kept / GELU recomputed: memory; RECOMPUTE=0: not).
+# Ends with one table: model, B, ours tok/s, llm.c tok/s, ours/llm.c, PyTorch tok/s, ours peak memory,
+# and with FP8=1 ours FP8 tok/s, FP8/bf16 and its peak memory. Then, at the first MODEL:B: a -pf 1
+# breakdown of ours (GPU time per kernel family, with FP8=1 of -f8 1 too; PROFILE=0: not) and ours
+# with -r 0 and -r 1 (every activation kept / GELU recomputed: memory; RECOMPUTE=0: not).
 #
 # Environment:
 #   LLMC        llm.c's train_gpt2cu (built with its Makefile); empty: no llm.c column
 #   LLMC_FLAGS  llm.c's flags beyond data, model, B, T and steps (default "-ge 2 -r 0": GELU fused
 #               both ways and every activation kept, the work ours does by default; llm.c's own
 #               default recomputes GELU, -r 1)
-#   FLAGS       extra flags for ours (train_gpt_bf16 -h), e.g. "-tw 1"
+#   FLAGS       extra flags for ours (train_gpt_bf16 -h), e.g. "-tw 1"; FP8=1's runs add -f8 1 to them
+#   FP8=1       the FP8 side (compute capability 8.9+; the setup's memory line shows its FP8 copies)
 #   DATA        token file for every side (default Tiny Shakespeare's training file, prepared if
 #               missing; llm.c gets it as -i and -j: the validation file is too small at B=64)
 #   ROUNDS STEPS WARMUP T   as above (defaults 2, 30, 5, 1024)
@@ -42,13 +45,18 @@ DATA=${DATA:-data/tinyshakespeare/tiny_shakespeare_train.bin}
 configs=("$@")
 [[ ${#configs[@]} -gt 0 ]] || configs=(d12:64)
 for c in "${configs[@]}"; do
-    [[ $c =~ ^d[0-9]+:[0-9]+$ ]] || { echo "error: '$c' is not MODEL:B (e.g. d12:64)" >&2; exit 1; }
+    [[ $c =~ ^d[0-9]+:[1-9][0-9]*(:[1-9][0-9]{0,6})?$ ]] || { echo "error: '$c' is not MODEL:B[:STEPS] (e.g. d12:64, d48:8:20)" >&2; exit 1; }
 done
+[[ ${FP8:-0} == 0 || ${FP8:-0} == 1 ]] || { echo "error: FP8 must be 0 or 1, got '$FP8'" >&2; exit 1; }
+FP8=${FP8:-0}
 for var in ROUNDS STEPS T; do
     [[ ${!var} =~ ^[1-9][0-9]{0,6}$ ]] || { echo "error: $var must be a positive integer, got '${!var}'" >&2; exit 1; }
 done
 [[ $WARMUP =~ ^[0-9]{1,7}$ ]] || { echo "error: WARMUP must be an integer >= 0, got '$WARMUP'" >&2; exit 1; }
 ((STEPS > WARMUP)) || { echo "error: STEPS ($STEPS) must exceed WARMUP ($WARMUP)" >&2; exit 1; }
+for c in "${configs[@]}"; do
+    [[ $c =~ :.*: ]] && ((${c##*:} <= WARMUP)) && { echo "error: '$c': its steps must exceed WARMUP ($WARMUP)" >&2; exit 1; }
+done
 [[ -z $LLMC || -x $LLMC ]] || { echo "error: LLMC=$LLMC is not an executable" >&2; exit 1; }
 mkdir -p "$OUT"
 
@@ -67,60 +75,81 @@ fi
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
 echo "ours: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo '+changes'), flags: ${FLAGS:-none}; llm.c: ${LLMC:-not run}${LLMC:+ ($LLMC_FLAGS)}"
 
-declare -A ours_ms llmc_ms torch_tok ours_mem
+declare -A side_ms side_mem torch_tok
 status=0  # 1 when a run of ours or llm.c failed or printed no step times
+# ours_run SIDE LOG MODEL B STEPS [FLAGS...]: one run of ours; its median step and peak memory go to SIDE.
+ours_run() {
+    local side=$1 log=$2 model=$3 B=$4 steps=$5 rc ms
+    shift 5
+    # shellcheck disable=SC2086  # FLAGS is a list of flags
+    timeout "$RUN_LIMIT" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x "$steps" -v 0 -s 0 -i "$DATA" "$@" $FLAGS > "$log" 2>&1
+    rc=$? ms=$(median_step_ms "$log")
+    printf '%s B=%s round %s %-9s rc %s, median step %s ms %s\n' "$model" "$B" "$r" "$side:" "$rc" "${ms:--}" \
+        "$(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log")"
+    [[ $rc == 0 && -n $ms ]] || { status=1; tail -n 3 "$log"; }
+    [[ -n $ms ]] && side_ms[$c $side]+="$ms "
+    side_mem[$c $side]=$(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log" | awk '{print $4}')
+}
 for c in "${configs[@]}"; do
-    model=${c%:*} B=${c#*:}
+    IFS=: read -r model B steps <<<"$c"
+    steps=${steps:-$STEPS}
     for r in $(seq "$ROUNDS"); do
-        log="$OUT/ours_${model}_B${B}_$r.log"
-        # shellcheck disable=SC2086  # FLAGS is a list of flags
-        timeout "$RUN_LIMIT" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x "$STEPS" -v 0 -s 0 -i "$DATA" $FLAGS > "$log" 2>&1
-        rc=$? ms=$(median_step_ms "$log")
-        echo "$model B=$B round $r ours:  rc $rc, median step ${ms:--} ms $(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log")"
-        [[ $rc == 0 && -n $ms ]] || { status=1; tail -n 3 "$log"; }
-        [[ -n $ms ]] && ours_ms[$c]+="$ms "
-        ours_mem[$c]=$(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log" | awk '{print $4}')
+        ours_run ours "$OUT/ours_${model}_B${B}_$r.log" "$model" "$B" "$steps"
+        if [[ $FP8 == 1 ]]; then
+            ours_run "ours FP8" "$OUT/ours_fp8_${model}_B${B}_$r.log" "$model" "$B" "$steps" -f8 1
+            [[ $r == 1 ]] && grep -oE '^memory: .*' "$OUT/ours_fp8_${model}_B${B}_$r.log" | sed 's/^/    /'
+        fi
         if [[ -n $LLMC ]]; then
             log="$OUT/llmc_${model}_B${B}_$r.log"
             # -v: llm.c validates at the first and last step whatever it is (and divides by it: not 0);
             # -m 1: one validation batch; -s 0: no samples. Validation is outside its timed section.
             # shellcheck disable=SC2086  # LLMC_FLAGS is a list of flags
-            timeout "$RUN_LIMIT" "$LLMC" -i "$DATA" -j "$DATA" -e "$model" -b "$B" -t "$T" -x "$STEPS" -v "$STEPS" -m 1 -s 0 \
+            timeout "$RUN_LIMIT" "$LLMC" -i "$DATA" -j "$DATA" -e "$model" -b "$B" -t "$T" -x "$steps" -v "$steps" -m 1 -s 0 \
                 $LLMC_FLAGS > "$log" 2>&1
             rc=$? ms=$(median_step_ms "$log")
-            echo "$model B=$B round $r llm.c: rc $rc, median step ${ms:--} ms"
+            printf '%s B=%s round %s %-9s rc %s, median step %s ms\n' "$model" "$B" "$r" "llm.c:" "$rc" "${ms:--}"
             [[ $rc == 0 && -n $ms ]] || { status=1; tail -n 3 "$log"; }
-            [[ -n $ms ]] && llmc_ms[$c]+="$ms "
+            [[ -n $ms ]] && side_ms[$c llmc]+="$ms "
         fi
     done
     if [[ ${TORCH:-1} == 1 ]]; then
         log="$OUT/pytorch_${model}_B${B}.log"
-        timeout "$RUN_LIMIT" "$PY" scripts/bench_torch_gpt.py --model "$model" --batch "$B" --seq "$T" --steps "$STEPS" > "$log" 2>&1
+        timeout "$RUN_LIMIT" "$PY" scripts/bench_torch_gpt.py --model "$model" --batch "$B" --seq "$T" --steps "$steps" > "$log" 2>&1
         echo "$model B=$B PyTorch: rc $?, $(grep -oE 'median step .*' "$log" || tail -n 1 "$log")"
         torch_tok[$c]=$(grep -oE '= [0-9,]+ tok/s' "$log" | tr -d ',' | awk '{print $2}')
     fi
 done
 
+side_tok_s() { tok_s "$2" "$(echo "${side_ms[$1]:-}" | tr ' ' '\n' | grep . | median)"; }  # KEY B
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.3fx", a / b; else print "-"}'; }
 echo
-echo "| model | B | ours tok/s | llm.c tok/s | ours / llm.c | PyTorch tok/s | ours peak memory |"
-echo "|---|---|---|---|---|---|---|"
+head="| model | B | ours tok/s | llm.c tok/s | ours / llm.c | PyTorch tok/s | ours peak memory |"
+rule="|---|---|---|---|---|---|---|"
+[[ $FP8 == 1 ]] && head+=" ours FP8 tok/s | FP8 / bf16 | FP8 peak memory |" rule+="---|---|---|"
+echo "$head"
+echo "$rule"
 for c in "${configs[@]}"; do
-    model=${c%:*} B=${c#*:}
-    o=$(tok_s "$B" "$(echo "${ours_ms[$c]:-}" | tr ' ' '\n' | grep . | median)")
-    l=$(tok_s "$B" "$(echo "${llmc_ms[$c]:-}" | tr ' ' '\n' | grep . | median)")
-    ratio=$(awk -v o="$o" -v l="$l" 'BEGIN {if (o > 0 && l > 0) printf "%.3fx", o / l; else print "-"}')
-    echo "| $model | $B | $o | $l | $ratio | ${torch_tok[$c]:--} | ${ours_mem[$c]:--} GiB |"
+    IFS=: read -r model B _ <<<"$c"
+    o=$(side_tok_s "$c ours" "$B") l=$(side_tok_s "$c llmc" "$B")
+    line="| $model | $B | $o | $l | $(ratio "$o" "$l") | ${torch_tok[$c]:--} | ${side_mem[$c ours]:--} GiB |"
+    if [[ $FP8 == 1 ]]; then
+        f=$(side_tok_s "$c ours FP8" "$B")
+        line+=" $f | $(ratio "$f" "$o") | ${side_mem[$c ours FP8]:--} GiB |"
+    fi
+    echo "$line"
 done
-echo "(T=$T bf16; each side: median over $ROUNDS runs of each run's median step after $WARMUP warm-up steps of $STEPS)"
+echo "(T=$T bf16; each side: median over $ROUNDS runs of each run's median step after $WARMUP warm-up steps of $STEPS, or of a MODEL:B:STEPS's own)"
 
-model=${configs[0]%:*} B=${configs[0]#*:}
+IFS=: read -r model B _ <<<"${configs[0]}"
 if [[ ${PROFILE:-1} == 1 ]]; then
-    log="$OUT/ours_${model}_B${B}_pf.log"
-    # shellcheck disable=SC2086
-    timeout "$RUN_LIMIT" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x 12 -v 0 -s 0 -i "$DATA" -pf 1 $FLAGS > "$log" 2>&1
-    echo
-    echo "$model B=$B, -pf 1 (12 steps): $(grep -E '^done' "$log")"
-    sed -n '/^GPU time per step/,$p' "$log"
+    for f8 in 0 $([[ $FP8 == 1 ]] && echo 1); do
+        log="$OUT/ours_${model}_B${B}_f8${f8}_pf.log"
+        # shellcheck disable=SC2086
+        timeout "$RUN_LIMIT" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x 12 -v 0 -s 0 -i "$DATA" -pf 1 -f8 "$f8" $FLAGS > "$log" 2>&1
+        echo
+        echo "$model B=$B, -f8 $f8 -pf 1 (12 steps): $(grep -E '^done' "$log")"
+        sed -n '/^GPU time per step/,$p' "$log"
+    done
 fi
 if [[ ${RECOMPUTE:-1} == 1 ]]; then
     echo
