@@ -110,8 +110,8 @@ template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b,
 }
 
 // x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s
-// amax; block (0, 0) also writes meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C
-// multiples of 16. A batch: blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q
+// amax; block (0, 0, z) also writes tensor z's meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale
+// pointer). R and C multiples of 16. A batch: blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q
 // and qt, their metas 4 floats apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8
 // each (a row is 8 threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
 // thread t reads column t % 64 at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a
@@ -173,13 +173,15 @@ struct Fp8Tensor {
 enum class Fp8Amax { compute, given };
 
 // Zeroes t's amax slot (meta[2]) on `stream` and returns it, for the kernel that produces the tensor
-// to atomicMax the bits of |x| into (abs_bits, block_atomic_max), as fp8_amax_kernel would.
+// to atomicMax the bits of |x| into (abs_bits, block_atomic_max), as fp8_amax_kernel would. That
+// kernel must run on the same stream, after this.
 inline unsigned* fp8_amax_slot(Fp8Tensor& t, cudaStream_t stream = 0) {
     cuda_check(cudaMemsetAsync(t.meta + 2, 0, sizeof(float), stream));
     return reinterpret_cast<unsigned*>(t.meta + 2);
 }
 
-// Why `count` tensors (R, C), rows ld apart, cannot be cast into t ("": they can).
+// Why `count` tensors (R, C), rows ld apart, cannot be cast into t ("": they can): what the caller's
+// shapes decide. Past the buffer or the grid's limits is a bug of the caller's sizing: fail().
 inline std::string fp8_cast_refusal(const Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, bool natural,
                                     bool transposed) {
     if (R % 16 || C % 16) return strf("a %d x %d tensor: FP8 casts need both dimensions multiples of 16", R, C);
