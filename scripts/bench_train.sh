@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# usage: [LLMC=/path/to/train_gpt2cu] [FP8=1] [ROUNDS=2] [STEPS=30] [TORCH=1] bash scripts/bench_train.sh [MODEL:B[:STEPS] ...]
+# usage: [LLMC=/path/to/train_gpt2cu] [FP8=1] [GPUS="2 4"] [ROUNDS=2] [STEPS=30] [TORCH=1] bash scripts/bench_train.sh [MODEL:B[:STEPS] ...]
 #
 # Training throughput, ours beside llm.c and PyTorch, bf16, T=1024 (T=...), on one GPU. Each MODEL:B
 # (default d12:64; e.g. d12:64 d24:32 d48:8; d48:8:20 runs 20 steps there, not STEPS) runs ours, with
@@ -12,6 +12,9 @@
 # and with FP8=1 ours FP8 tok/s, FP8/bf16 and its peak memory. Then, at the first MODEL:B: a -pf 1
 # breakdown of ours (GPU time per kernel family, with FP8=1 of -f8 1 too; PROFILE=0: not) and ours
 # with -r 0 and -r 1 (every activation kept / GELU recomputed: memory; RECOMPUTE=0: not).
+# GPUS="2 4": ours also data-parallel on 2 and on 4 GPUs of this machine (scripts/launch.sh, B a GPU,
+# -d B*T*GPUs: no accumulation), in the same rounds, and a second table: tokens/s against one GPU's,
+# and rank 0's peak memory (with ZeRO-1 each GPU keeps 1/GPUs of the AdamW state and master weights).
 #
 # Environment:
 #   LLMC        llm.c's train_gpt2cu (built with its Makefile); empty: no llm.c column
@@ -20,6 +23,7 @@
 #               default recomputes GELU, -r 1)
 #   FLAGS       extra flags for ours (train_gpt_bf16 -h), e.g. "-tw 1"; FP8=1's runs add -f8 1 to them
 #   FP8=1       the FP8 side (compute capability 8.9+; the setup's memory line shows its FP8 copies)
+#   GPUS        GPU counts above 1 for the data-parallel sides (default none)
 #   DATA        token file for every side (default Tiny Shakespeare's training file, prepared if
 #               missing; llm.c gets it as -i and -j: the validation file is too small at B=64)
 #   ROUNDS STEPS WARMUP T   as above (defaults 2, 30, 5, 1024)
@@ -49,6 +53,10 @@ for c in "${configs[@]}"; do
 done
 [[ ${FP8:-0} == 0 || ${FP8:-0} == 1 ]] || { echo "error: FP8 must be 0 or 1, got '$FP8'" >&2; exit 1; }
 FP8=${FP8:-0}
+read -ra gpu_counts <<<"${GPUS:-}"
+for n in "${gpu_counts[@]}"; do
+    if ! [[ $n =~ ^[1-9][0-9]?$ ]] || ((n < 2)); then echo "error: GPUS holds GPU counts from 2 to 99, got '$n'" >&2; exit 1; fi
+done
 for var in ROUNDS STEPS T; do
     [[ ${!var} =~ ^[1-9][0-9]{0,6}$ ]] || { echo "error: $var must be a positive integer, got '${!var}'" >&2; exit 1; }
 done
@@ -78,11 +86,17 @@ echo "ours: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/
 declare -A side_ms side_mem torch_tok
 status=0  # 1 when a run of ours or llm.c failed or printed no step times
 # ours_run SIDE LOG MODEL B STEPS [FLAGS...]: one run of ours; its median step and peak memory go to SIDE.
+# With GPUS=N as the first of FLAGS: N ranks through scripts/launch.sh, -d B*T*N.
 ours_run() {
-    local side=$1 log=$2 model=$3 B=$4 steps=$5 rc ms
+    local side=$1 log=$2 model=$3 B=$4 steps=$5 rc ms launch=()
     shift 5
+    if [[ ${1:-} == GPUS=* ]]; then
+        launch=(scripts/launch.sh "${1#GPUS=}")
+        set -- -d $((B * T * ${1#GPUS=})) "${@:2}"
+    fi
     # shellcheck disable=SC2086  # FLAGS is a list of flags
-    timeout "$RUN_LIMIT" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x "$steps" -v 0 -s 0 -i "$DATA" "$@" $FLAGS > "$log" 2>&1
+    timeout "$RUN_LIMIT" "${launch[@]}" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x "$steps" -v 0 -s 0 -i "$DATA" "$@" $FLAGS \
+        > "$log" 2>&1
     rc=$? ms=$(median_step_ms "$log")
     printf '%s B=%s round %s %-9s rc %s, median step %s ms %s\n' "$model" "$B" "$r" "$side:" "$rc" "${ms:--}" \
         "$(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log")"
@@ -95,6 +109,9 @@ for c in "${configs[@]}"; do
     steps=${steps:-$STEPS}
     for r in $(seq "$ROUNDS"); do
         ours_run ours "$OUT/ours_${model}_B${B}_$r.log" "$model" "$B" "$steps"
+        for n in "${gpu_counts[@]}"; do
+            ours_run "ours x$n" "$OUT/ours_x${n}_${model}_B${B}_$r.log" "$model" "$B" "$steps" "GPUS=$n"
+        done
         if [[ $FP8 == 1 ]]; then
             ours_run "ours FP8" "$OUT/ours_fp8_${model}_B${B}_$r.log" "$model" "$B" "$steps" -f8 1
             [[ $r == 1 ]] && grep -oE '^memory: .*' "$OUT/ours_fp8_${model}_B${B}_$r.log" | sed 's/^/    /'
@@ -139,6 +156,20 @@ for c in "${configs[@]}"; do
     echo "$line"
 done
 echo "(T=$T bf16; each side: median over $ROUNDS runs of each run's median step after $WARMUP warm-up steps of $STEPS, or of a MODEL:B:STEPS's own)"
+if [[ ${#gpu_counts[@]} -gt 0 ]]; then
+    echo
+    echo "| model | B a GPU | GPUs | tokens/s | vs 1 GPU | peak memory (rank 0) |"
+    echo "|---|---|---|---|---|---|"
+    for c in "${configs[@]}"; do
+        IFS=: read -r model B _ <<<"$c"
+        o=$(side_tok_s "$c ours" "$B")
+        echo "| $model | $B | 1 | $o | 1x | ${side_mem[$c ours]:--} GiB |"
+        for n in "${gpu_counts[@]}"; do
+            m=$(side_tok_s "$c ours x$n" $((B * n)))
+            echo "| $model | $B | $n | $m | $(ratio "$m" "$o") | ${side_mem[$c ours x$n]:--} GiB |"
+        done
+    done
+fi
 
 IFS=: read -r model B _ <<<"${configs[0]}"
 if [[ ${PROFILE:-1} == 1 ]]; then
