@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # usage: [LLMC=/path/to/train_gpt2cu] [FP8=1] [GPUS="2 4"] [ROUNDS=2] [STEPS=30] [TORCH=1] bash scripts/bench_train.sh [MODEL:B[:STEPS] ...]
 #
-# Training throughput, ours beside llm.c and PyTorch, bf16, T=1024 (T=...), on one GPU. Each MODEL:B
+# Training throughput, ours beside llm.c and PyTorch, bf16, T=1024 (T=...), on one GPU (GPUS: more). Each MODEL:B
 # (default d12:64; e.g. d12:64 d24:32 d48:8; d48:8:20 runs 20 steps there, not STEPS) runs ours, with
 # FP8=1 ours again with its linear layers in FP8 (-f8 1), and, when LLMC names llm.c's train_gpt2cu
 # binary, llm.c, in turn, ROUNDS times (ours, ours FP8, llm.c, ours, ...), so clock drift hits every
@@ -23,7 +23,7 @@
 #               default recomputes GELU, -r 1)
 #   FLAGS       extra flags for ours (train_gpt_bf16 -h), e.g. "-tw 1"; FP8=1's runs add -f8 1 to them
 #   FP8=1       the FP8 side (compute capability 8.9+; the setup's memory line shows its FP8 copies)
-#   GPUS        GPU counts above 1 for the data-parallel sides (default none)
+#   GPUS        GPU counts from 2 to 99 for the data-parallel sides (default none)
 #   DATA        token file for every side (default Tiny Shakespeare's training file, prepared if
 #               missing; llm.c gets it as -i and -j: the validation file is too small at B=64)
 #   ROUNDS STEPS WARMUP T   as above (defaults 2, 30, 5, 1024)
