@@ -85,48 +85,44 @@ echo "ours: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/
 
 declare -A side_ms side_mem torch_tok
 status=0  # 1 when a run of ours or llm.c failed or printed no step times
-# ours_run SIDE LOG MODEL B STEPS [FLAGS...]: one run of ours; its median step and peak memory go to SIDE.
-# With GPUS=N as the first of FLAGS: N ranks through scripts/launch.sh, -d B*T*N.
-ours_run() {
-    local side=$1 log=$2 model=$3 B=$4 steps=$5 rc ms launch=()
-    shift 5
-    if [[ ${1:-} == GPUS=* ]]; then
-        launch=(scripts/launch.sh "${1#GPUS=}")
-        set -- -d $((B * T * ${1#GPUS=})) "${@:2}"
-    fi
-    # shellcheck disable=SC2086  # FLAGS is a list of flags
-    timeout "$RUN_LIMIT" "${launch[@]}" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x "$steps" -v 0 -s 0 -i "$DATA" "$@" $FLAGS \
-        > "$log" 2>&1
-    rc=$? ms=$(median_step_ms "$log")
-    printf '%s B=%s round %s %-9s rc %s, median step %s ms %s\n' "$model" "$B" "$r" "$side:" "$rc" "${ms:--}" \
-        "$(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log")"
+# run_side SIDE LOG COMMAND...: one run of this MODEL:B's round; its median step, and its peak memory
+# where it prints one (ours), go to SIDE.
+run_side() {
+    local side=$1 log=$2 rc ms mem
+    shift 2
+    timeout "$RUN_LIMIT" "$@" > "$log" 2>&1
+    rc=$? ms=$(median_step_ms "$log") mem=$(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log")
+    printf '%s B=%s round %s %-9s rc %s, median step %s ms%s\n' "$model" "$B" "$r" "$side:" "$rc" "${ms:--}" "${mem:+ $mem}"
     [[ $rc == 0 && -n $ms ]] || { status=1; tail -n 3 "$log"; }
     [[ -n $ms ]] && side_ms[$c $side]+="$ms "
-    side_mem[$c $side]=$(grep -oE 'peak GPU memory [0-9.]+ GiB' "$log" | awk '{print $4}')
+    side_mem[$c $side]=$(awk '{print $4}' <<<"$mem")
+}
+# ours_cmd [FLAG...]: ours' command line for this MODEL:B, those flags before FLAGS, in `cmd`.
+ours_cmd() {
+    # shellcheck disable=SC2206  # FLAGS is a list of flags
+    cmd=(./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x "$steps" -v 0 -s 0 -i "$DATA" "$@" $FLAGS)
 }
 for c in "${configs[@]}"; do
     IFS=: read -r model B steps <<<"$c"
     steps=${steps:-$STEPS}
     for r in $(seq "$ROUNDS"); do
-        ours_run ours "$OUT/ours_${model}_B${B}_$r.log" "$model" "$B" "$steps"
-        for n in "${gpu_counts[@]}"; do
-            ours_run "ours x$n" "$OUT/ours_x${n}_${model}_B${B}_$r.log" "$model" "$B" "$steps" "GPUS=$n"
+        ours_cmd
+        run_side ours "$OUT/ours_${model}_B${B}_$r.log" "${cmd[@]}"
+        for n in "${gpu_counts[@]}"; do  # n ranks, B a GPU: -d B*T*n, no accumulation
+            ours_cmd -d $((B * T * n))
+            run_side "ours x$n" "$OUT/ours_x${n}_${model}_B${B}_$r.log" scripts/launch.sh "$n" "${cmd[@]}"
         done
         if [[ $FP8 == 1 ]]; then
-            ours_run "ours FP8" "$OUT/ours_fp8_${model}_B${B}_$r.log" "$model" "$B" "$steps" -f8 1
+            ours_cmd -f8 1
+            run_side "ours FP8" "$OUT/ours_fp8_${model}_B${B}_$r.log" "${cmd[@]}"
             [[ $r == 1 ]] && grep -oE '^memory: .*' "$OUT/ours_fp8_${model}_B${B}_$r.log" | sed 's/^/    /'
         fi
         if [[ -n $LLMC ]]; then
-            log="$OUT/llmc_${model}_B${B}_$r.log"
             # -v: llm.c validates at the first and last step whatever it is (and divides by it: not 0);
             # -m 1: one validation batch; -s 0: no samples. Validation is outside its timed section.
             # shellcheck disable=SC2086  # LLMC_FLAGS is a list of flags
-            timeout "$RUN_LIMIT" "$LLMC" -i "$DATA" -j "$DATA" -e "$model" -b "$B" -t "$T" -x "$steps" -v "$steps" -m 1 -s 0 \
-                $LLMC_FLAGS > "$log" 2>&1
-            rc=$? ms=$(median_step_ms "$log")
-            printf '%s B=%s round %s %-9s rc %s, median step %s ms\n' "$model" "$B" "$r" "llm.c:" "$rc" "${ms:--}"
-            [[ $rc == 0 && -n $ms ]] || { status=1; tail -n 3 "$log"; }
-            [[ -n $ms ]] && side_ms[$c llmc]+="$ms "
+            run_side llm.c "$OUT/llmc_${model}_B${B}_$r.log" "$LLMC" -i "$DATA" -j "$DATA" -e "$model" -b "$B" -t "$T" -x "$steps" \
+                -v "$steps" -m 1 -s 0 $LLMC_FLAGS
         fi
     done
     if [[ ${TORCH:-1} == 1 ]]; then
@@ -147,7 +143,7 @@ echo "$head"
 echo "$rule"
 for c in "${configs[@]}"; do
     IFS=: read -r model B _ <<<"$c"
-    o=$(side_tok_s "$c ours" "$B") l=$(side_tok_s "$c llmc" "$B")
+    o=$(side_tok_s "$c ours" "$B") l=$(side_tok_s "$c llm.c" "$B")
     line="| $model | $B | $o | $l | $(ratio "$o" "$l") | ${torch_tok[$c]:--} | ${side_mem[$c ours]:--} GiB |"
     if [[ $FP8 == 1 ]]; then
         f=$(side_tok_s "$c ours FP8" "$B")
