@@ -36,23 +36,39 @@ for ((r = 0; r < n; r++)); do
     pids+=($!)
 done
 signalled=0
-forward() { signalled=1; kill -"$1" "${pids[@]}" 2>/dev/null; }
+# The last rank first, rank 0 last: a rank still waiting for rank 0's answer at the rendezvous then
+# ends by the signal, where rank 0's closed connection would have it print an error of its own.
+forward() {
+    signalled=1
+    local i
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -"$1" "${pids[i]}" 2>/dev/null; done
+}
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 status=0
-remaining=$n
-while ((remaining > 0)); do
-    finished=""
-    wait -n -p finished
-    rc=$?
-    [[ -z ${finished:-} ]] && continue  # a signal (passed on above) interrupted the wait
-    remaining=$((remaining - 1))
+declare -A ended=()  # pid -> exit code, for the ranks that have ended
+rank_ended() {  # PID EXIT_CODE
+    ended[$1]=$2
     # A rank that failed ends the others: one still waiting to meet it would wait out the rendezvous.
     # (Not after a stop this script passed on, nor for a rank stopped by a signal (exit code 75):
     # the others are finishing their checkpoint, and a second signal would end them at once.)
-    if [[ $rc -ne 0 && $status -eq 0 ]]; then
-        status=$rc
-        [[ $signalled -eq 0 && $rc -ne 75 ]] && forward TERM
+    if [[ $2 -ne 0 && $status -eq 0 ]]; then
+        status=$2
+        [[ $signalled -eq 0 && $2 -ne 75 ]] && forward TERM
     fi
+}
+while ((${#ended[@]} < n)); do
+    finished=""
+    wait -n -p finished  # returns early when a signal (passed on above) interrupts it
+    rc=$?
+    [[ -n ${finished:-} ]] && rank_ended "$finished" $rc
+    # wait -n may reap ranks that end together and name only one of them; wait PID still gives
+    # each one's exit code, so ask every rank that is gone (a loop on wait -n alone would spin).
+    for pid in "${pids[@]}"; do
+        if [[ -z ${ended[$pid]:-} ]] && ! kill -0 "$pid" 2>/dev/null; then
+            wait "$pid"
+            rank_ended "$pid" $?
+        fi
+    done
 done
 exit $status

@@ -710,6 +710,14 @@ int main(int argc, char** argv) {
             report("scripts/launch.sh 2, rank 1 with another secret: refused, one line, rank 0 ended with it",
                    code == 1 && count_lines(out) == 1 && out.find("error: rendezvous: rank 0 at 127.0.0.1:") != std::string::npos &&
                    out.find("dropped this rank at its proof") != std::string::npos, first_line(out));
+            // The same among 4 ranks: the 3 that wait at the rendezvous end together when launch.sh
+            // signals them, and launch.sh must collect them all and exit, saying nothing more.
+            code = run_command({"bash", "scripts/launch.sh", "4", "bash", "-c",
+                                "[[ $RANK == 1 ]] && export GPT_RUN_SECRET=another-secret-0123456789; exec \"$0\" --join", exe},
+                               with({kSecretVariable, "GPT_RENDEZVOUS_TIMEOUT=3"}), &out);
+            report("scripts/launch.sh 4, rank 1 with another secret: one line, the other 3 ended, launch.sh exits 1",
+                   code == 1 && count_lines(out) == 1 && out.find("dropped this rank at its proof") != std::string::npos,
+                   "exit " + std::to_string(code) + " " + first_line(out));
         } else {
             counter.skip("  scripts/launch.sh: its secret", "run from the repository's root to test scripts/launch.sh");
         }

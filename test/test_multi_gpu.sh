@@ -14,7 +14,8 @@
 #   the secret    through each launcher: scripts/launch.sh makes one (none set) and its ranks train; a
 #                 rank given another secret is refused with one line on each rank; srun's variables
 #                 (one node, as srun sets them) with the secret in the environment train as launch.sh's
-#                 run does; mpirun and srun's variables without a secret: one line on each rank
+#                 run does; srun's variables without a secret: one line on each rank; mpirun without
+#                 one: that line from each rank that gets there before mpirun ends the others, no other
 #   determinism   the N-GPU run twice: the same step lines and final state file, byte for byte
 #   resume        saved on N at step 10, resumed on N: the same bits as the run never stopped;
 #                 resumed on 1: within the bf16 equivalence bounds
@@ -115,10 +116,14 @@ if mpirun --version 2>&1 | grep -q 'Open MPI'; then
     report "mpirun -np $n -x GPT_RUN_SECRET: the same printed steps as scripts/launch.sh" \
         "$(numeric_steps "$tmp/mpi.log" | grep -q . && cmp -s <(numeric_steps "$tmp/mpi.log") <(numeric_steps "$tmp/two_fp32.log") && echo 1 || echo 0)" \
         "$(grep -m1 -E '^error|^data parallel' "$tmp/mpi.log")"
+    # (mpirun ends every rank once one exits with an error, so a rank may end before its own line)
     env -u GPT_RUN_SECRET timeout 120 mpirun -np $n ./train_gpt_bf16 "${short[@]}" >"$tmp/mpi_none.log" 2>&1
-    report "mpirun -np $n without a secret: one line on each rank, no step" \
-        "$([[ $(grep -c "^error: $n ranks and no run secret" "$tmp/mpi_none.log") -eq $n ]] && ! grep -q '^step' "$tmp/mpi_none.log" && echo 1 || echo 0)" \
-        "$(grep -m1 '^error' "$tmp/mpi_none.log")"
+    rc=$?
+    said=$(grep -c "^error: $n ranks and no run secret" "$tmp/mpi_none.log")
+    report "mpirun -np $n without a secret: that one line from 1 to $n ranks, no other, no step" \
+        "$([[ $rc -ne 0 && $said -ge 1 && $said -le $n && $(grep -c '^error' "$tmp/mpi_none.log") -eq $said ]] &&
+            ! grep -q '^step' "$tmp/mpi_none.log" && echo 1 || echo 0)" \
+        "exit code $rc, $said lines: $(grep -m1 '^error' "$tmp/mpi_none.log")"
 else
     for c in "mpirun -np $n -x GPT_RUN_SECRET" "mpirun -np $n without a secret"; do
         skipped=$((skipped + 1)); printf '  %-66s skipped (no Open MPI mpirun on PATH)\n' "$c"
@@ -134,7 +139,8 @@ GPT_RENDEZVOUS_TIMEOUT=20 timeout 120 scripts/launch.sh $n bash -c \
     '[[ $RANK == 1 ]] && export GPT_RUN_SECRET=another-secret-0123456789; exec ./train_gpt_bf16 "$@"' launch "${short[@]}" \
     >"$tmp/secret_other.log" 2>&1
 rc=$?
-# rank 1's one line; launch.sh then ends rank 0 (waiting at the rendezvous) at once, and no step runs
+# rank 1's one line; launch.sh then ends the ranks waiting at the rendezvous (rank 0 last, so that
+# none of them reports rank 0 gone) at once, and no step runs
 report "scripts/launch.sh, rank 1 given another secret: refused in one line, rank 0 ended with it" \
     "$([[ $rc -ne 0 && $(grep -c '^error' "$tmp/secret_other.log") -eq 1 && $(grep -c '^step ' "$tmp/secret_other.log") -eq 0 ]] &&
         grep -q "^error: rendezvous: rank 0 at .* dropped this rank at its proof" "$tmp/secret_other.log" && echo 1 || echo 0)" \
