@@ -457,6 +457,9 @@ __global__ void __launch_bounds__(256, 2)
             for (int e = 0; e < 4; e++) dp[4 * nt + e] = s[4 * nt + e] * (dp[4 * nt + e] - cD[nt * 8 + 2 * c4 + (e & 1)]);
         // dS^T into shared memory for dq's product: pb[kk][i] holds key g + 8 (i % 2) (of this warp's 16),
         // queries 16 kk + 8 (i / 2) + 2 c4 + {0, 1}: 16-byte chunk 2 kk + i / 2 of its row, swizzled.
+        // One buffer: each warp's slice of the previous tile's dq product reads every warp's rows, and a
+        // warp's wgmma wait covers only its own slice, so all four must be past that wait (barrier 2).
+        if (j > 0) named_barrier_sync<128>(2);
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) {
             pack8_bf16(pb[kk], dp + 8 * kk);
