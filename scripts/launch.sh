@@ -9,8 +9,12 @@
 # Only rank 0 prints a run's progress. SIGTERM / SIGINT are passed on to every rank (each finishes
 # its step and, with -o, rank 0 writes a checkpoint). If a rank fails, this script sends the others
 # SIGTERM (train_gpt's watchdog would end a joined rank anyway; one still waiting at the rendezvous
-# would wait out its deadline) and exits with the first non-zero exit code.
+# would wait out its deadline) and exits with the first non-zero exit code. Needs bash 5.1 or newer.
 set -u
+if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501)); then
+    echo "error: scripts/launch.sh needs bash 5.1 or newer (wait -n -p); this is bash $BASH_VERSION" >&2
+    exit 1
+fi
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
     sed -n '2,/^set -u/{/^#/s/^# \{0,1\}//p}' "$0"
     exit 0
@@ -35,18 +39,21 @@ for ((r = 0; r < n; r++)); do
     RANK=$r LOCAL_RANK=$r "$@" &
     pids+=($!)
 done
+declare -A ended=()  # pid -> exit code, for the ranks that have ended
 signalled=0
-# The last rank first, rank 0 last: a rank still waiting for rank 0's answer at the rendezvous then
-# ends by the signal, where rank 0's closed connection would have it print an error of its own.
+# The last rank first, rank 0 last: a signal that ends a process by default ends it before it runs
+# again, so a rank still waiting for rank 0's answer at the rendezvous ends by its signal instead of
+# seeing rank 0's connection close and printing an error of its own. Ranks that ended are skipped.
 forward() {
     signalled=1
     local i
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -"$1" "${pids[i]}" 2>/dev/null; done
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+        [[ -z ${ended[${pids[i]}]:-} ]] && kill -"$1" "${pids[i]}" 2>/dev/null
+    done
 }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 status=0
-declare -A ended=()  # pid -> exit code, for the ranks that have ended
 rank_ended() {  # PID EXIT_CODE
     ended[$1]=$2
     # A rank that failed ends the others: one still waiting to meet it would wait out the rendezvous.
@@ -57,18 +64,33 @@ rank_ended() {  # PID EXIT_CODE
         [[ $signalled -eq 0 && $2 -ne 75 ]] && forward TERM
     fi
 }
+# PID of a rank that has ended: its exit code. A signal passed on above can interrupt wait, which
+# then returns 128 + the signal; asked again, wait gives the rank's own code.
+collect() {
+    local rc
+    wait "$1"
+    rc=$?
+    if ((rc > 128)); then wait "$1"; rc=$?; fi
+    rank_ended "$1" $rc
+}
 while ((${#ended[@]} < n)); do
     finished=""
     wait -n -p finished  # returns early when a signal (passed on above) interrupts it
     rc=$?
     [[ -n ${finished:-} ]] && rank_ended "$finished" $rc
-    # wait -n may reap ranks that end together and name only one of them; wait PID still gives
-    # each one's exit code, so ask every rank that is gone (a loop on wait -n alone would spin).
-    for pid in "${pids[@]}"; do
-        if [[ -z ${ended[$pid]:-} ]] && ! kill -0 "$pid" 2>/dev/null; then
-            wait "$pid"
-            rank_ended "$pid" $?
-        fi
+    # wait -n may reap ranks that end together and name only one of them; wait PID still gives each
+    # one's exit code. So ask every rank that is gone (every rank left once wait -n says no child is
+    # left, 127), again until a pass finds none: a loop on wait -n alone could spin.
+    none_left=$([[ $rc -eq 127 && -z ${finished:-} ]] && echo 1 || echo 0)
+    found=1
+    while ((found)); do
+        found=0
+        for pid in "${pids[@]}"; do
+            if [[ -z ${ended[$pid]:-} ]] && { ((none_left)) || ! kill -0 "$pid" 2>/dev/null; }; then
+                collect "$pid"
+                found=1
+            fi
+        done
     done
 done
 exit $status
