@@ -10,7 +10,7 @@
 # its step and, with -o, rank 0 writes a checkpoint). If a rank fails, this script sends the others
 # SIGTERM (train_gpt's watchdog would end a joined rank anyway; one still waiting at the rendezvous
 # would wait out its deadline) and exits with the first non-zero exit code. Needs bash 5.1 or newer.
-set -u
+set -u +o posix
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501)); then
     echo "error: scripts/launch.sh needs bash 5.1 or newer (wait -n -p); this is bash $BASH_VERSION" >&2
     exit 1
@@ -35,10 +35,6 @@ if [[ -z ${GPT_RUN_SECRET:-} ]]; then
 fi
 export GPT_RUN_SECRET
 pids=()
-for ((r = 0; r < n; r++)); do
-    RANK=$r LOCAL_RANK=$r "$@" &
-    pids+=($!)
-done
 declare -A ended=()  # pid -> exit code, for the ranks that have ended
 signalled=0
 # The last rank first, rank 0 last: a signal that ends a process by default ends it before it runs
@@ -53,6 +49,11 @@ forward() {
 }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
+# (a signal while the ranks start reaches those started; no more start)
+for ((r = 0; r < n && !signalled; r++)); do
+    RANK=$r LOCAL_RANK=$r "$@" &
+    pids+=($!)
+done
 status=0
 rank_ended() {  # PID EXIT_CODE
     ended[$1]=$2
@@ -65,7 +66,8 @@ rank_ended() {  # PID EXIT_CODE
     fi
 }
 # PID of a rank that has ended: its exit code. A signal passed on above can interrupt wait, which
-# then returns 128 + the signal; asked again, wait gives the rank's own code.
+# then returns 128 + the signal; asked again, wait gives the rank's own code (bash keeps a pid's code
+# outside POSIX mode, which set +o posix above ensures).
 collect() {
     local rc
     wait "$1"
@@ -73,7 +75,7 @@ collect() {
     if ((rc > 128)); then wait "$1"; rc=$?; fi
     rank_ended "$1" $rc
 }
-while ((${#ended[@]} < n)); do
+while ((${#ended[@]} < ${#pids[@]})); do
     finished=""
     wait -n -p finished  # returns early when a signal (passed on above) interrupts it
     rc=$?
@@ -81,7 +83,8 @@ while ((${#ended[@]} < n)); do
     # wait -n may reap ranks that end together and name only one of them; wait PID still gives each
     # one's exit code. So ask every rank that is gone (every rank left once wait -n says no child is
     # left, 127), again until a pass finds none: a loop on wait -n alone could spin.
-    none_left=$([[ $rc -eq 127 && -z ${finished:-} ]] && echo 1 || echo 0)
+    none_left=0
+    [[ $rc -eq 127 && -z ${finished:-} ]] && none_left=1
     found=1
     while ((found)); do
         found=0
