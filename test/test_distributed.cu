@@ -703,21 +703,19 @@ int main(int argc, char** argv) {
             report("scripts/launch.sh 2, no secret set: it makes one, and both ranks join", code == 0 &&
                    out.find("rank 0 of 2 joined") != std::string::npos && out.find("rank 1 of 2 joined") != std::string::npos,
                    "exit " + std::to_string(code) + " " + first_line(out));
-            code = run_command({"bash", "scripts/launch.sh", "2", "bash", "-c",
-                                "[[ $RANK == 1 ]] && export GPT_RUN_SECRET=another-secret-0123456789; exec \"$0\" --join", exe},
-                               with({kSecretVariable, "GPT_RENDEZVOUS_TIMEOUT=3"}), &out);
-            // rank 1's one line; launch.sh then ends rank 0, which would otherwise wait out the rendezvous
-            report("scripts/launch.sh 2, rank 1 with another secret: refused, one line, rank 0 ended with it",
-                   code == 1 && count_lines(out) == 1 && out.find("error: rendezvous: rank 0 at 127.0.0.1:") != std::string::npos &&
-                   out.find("dropped this rank at its proof") != std::string::npos, first_line(out));
-            // The same among 4 ranks: the 3 that wait at the rendezvous end together when launch.sh
-            // signals them, and launch.sh must collect them all and exit, saying nothing more.
-            code = run_command({"bash", "scripts/launch.sh", "4", "bash", "-c",
-                                "[[ $RANK == 1 ]] && export GPT_RUN_SECRET=another-secret-0123456789; exec \"$0\" --join", exe},
-                               with({kSecretVariable, "GPT_RENDEZVOUS_TIMEOUT=3"}), &out);
-            report("scripts/launch.sh 4, rank 1 with another secret: one line, the other 3 ended, launch.sh exits 1",
-                   code == 1 && count_lines(out) == 1 && out.find("dropped this rank at its proof") != std::string::npos,
-                   "exit " + std::to_string(code) + " " + first_line(out));
+            // Rank 1's one line; launch.sh then ends the others, which would otherwise wait out the
+            // rendezvous. Among 4 ranks the 3 waiting end together, and launch.sh must collect them all
+            // and exit, saying nothing more.
+            for (const int ranks : {2, 4}) {
+                code = run_command({"bash", "scripts/launch.sh", std::to_string(ranks), "bash", "-c",
+                                    "[[ $RANK == 1 ]] && export GPT_RUN_SECRET=another-secret-0123456789; exec \"$0\" --join", exe},
+                                   with({kSecretVariable, "GPT_RENDEZVOUS_TIMEOUT=3"}), &out);
+                report("scripts/launch.sh " + std::to_string(ranks) +
+                           ", rank 1 with another secret: refused, one line, the others ended with it, exit code 1",
+                       code == 1 && count_lines(out) == 1 && out.find("error: rendezvous: rank 0 at 127.0.0.1:") != std::string::npos &&
+                           out.find("dropped this rank at its proof") != std::string::npos,
+                       "exit " + std::to_string(code) + " " + first_line(out));
+            }
         } else {
             counter.skip("  scripts/launch.sh: its secret", "run from the repository's root to test scripts/launch.sh");
         }
