@@ -97,7 +97,7 @@ run_side() {
     [[ -n $ms ]] && side_ms[$c $side]+="$ms "
     side_mem[$c $side]=$(awk '{print $4}' <<<"$mem")
 }
-# ours_cmd [FLAG...]: ours' command line for this MODEL:B, those flags before FLAGS, in `cmd`.
+# ours_cmd [FLAG...]: ours' command line for this MODEL:B and $steps steps, those flags before FLAGS, in `cmd`.
 ours_cmd() {
     # shellcheck disable=SC2206  # FLAGS is a list of flags
     cmd=(./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x "$steps" -v 0 -s 0 -i "$DATA" "$@" $FLAGS)
@@ -171,8 +171,8 @@ IFS=: read -r model B _ <<<"${configs[0]}"
 if [[ ${PROFILE:-1} == 1 ]]; then
     for f8 in 0 $([[ $FP8 == 1 ]] && echo 1); do
         log="$OUT/ours_${model}_B${B}_f8${f8}_pf.log"
-        # shellcheck disable=SC2086
-        timeout "$RUN_LIMIT" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x 12 -v 0 -s 0 -i "$DATA" -pf 1 -f8 "$f8" $FLAGS > "$log" 2>&1
+        steps=12 ours_cmd -pf 1 -f8 "$f8"
+        timeout "$RUN_LIMIT" "${cmd[@]}" > "$log" 2>&1
         echo
         echo "$model B=$B, -f8 $f8 -pf 1 (12 steps): $(grep -E '^done' "$log")"
         sed -n '/^GPU time per step/,$p' "$log"
@@ -182,8 +182,8 @@ if [[ ${RECOMPUTE:-1} == 1 ]]; then
     echo
     for r in 0 1; do
         log="$OUT/ours_${model}_B${B}_r$r.log"
-        # shellcheck disable=SC2086
-        timeout "$RUN_LIMIT" ./train_gpt_bf16 -e "$model" -b "$B" -t "$T" -x 12 -v 0 -s 0 -i "$DATA" -r "$r" $FLAGS > "$log" 2>&1
+        steps=12 ours_cmd -r "$r"
+        timeout "$RUN_LIMIT" "${cmd[@]}" > "$log" 2>&1
         echo "$model B=$B -r $r (12 steps): $(grep -oE 'median step .*' "$log" || tail -n 1 "$log")"
     done
 fi
