@@ -44,6 +44,8 @@
 
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
 #include "ptx.cuh"
 
@@ -245,10 +247,14 @@ template <int WPR, bool COLSUM> __host__ __device__ constexpr size_t backward_co
 }
 
 // COLSUM: also sums the dx it writes over its rows (partial row section [2C, 3C)); see the top comment.
-template <typename T, int WPR, bool PREFETCH, bool COLSUM = false>
+// AMAX: also *amax_bits = max(*amax_bits, the bits of |dx| over every dx written, as stored in T), FP8's
+// amax of dinp (fp8.cuh): one running max per thread over its rows (a single register: the kernel is
+// register-tight), one atomicMax per block at the end. A template argument, so that the kernel without
+// it is the code it was.
+template <typename T, int WPR, bool PREFETCH, bool COLSUM = false, bool AMAX = false>
 __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
     layernorm_backward_vec_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
-                                  const float* mean, const float* rstd, int N, int C) {
+                                  const float* mean, const float* rstd, int N, int C, unsigned* amax_bits) {
     constexpr int BLOCK = backward_block_threads<WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
     constexpr int K = kBackwardColsPerThread / VS, Q = VS / 4;  // Q: float4 column-sum slots per vector
     constexpr int SECTIONS = COLSUM ? 3 : 2;  // floats per column in a partial row: dweight, dbias(, dx sums)
@@ -326,6 +332,7 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
     const int stride = gridDim.x * ROWS;
     if constexpr (PREFETCH) prefetch_row(blockIdx.x * ROWS + group, 0);
     int parity = 0;  // alternates the reduction buffer and the prefetch stage
+    unsigned amax = 0;  // AMAX only: the largest |dx| written by this thread, as bits
     for (int base = blockIdx.x * ROWS; base < N; base += stride, parity ^= 1) {
         const int row = base + group;
         const bool active = row < N;
@@ -373,6 +380,9 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
                         dx[j] = from_float<T>(to_float(cur.dx[k][j]) + s * (g - mean_g - n * mean_gn));
                     }
                     dx.store(dinp + offset + size_t(i) * VS);
+                    if constexpr (AMAX)  // the values as stored, rounded to T; rows past N never get here
+#pragma unroll
+                        for (int j = 0; j < VS; j++) amax = max(amax, abs_bits(to_float(dx[j])));
                     if constexpr (COLSUM) {  // the values as stored, rounded to T
 #pragma unroll
                         for (int h = 0; h < Q; h++) {
@@ -425,16 +435,17 @@ __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
         }
         for (int c = threadIdx.x; c < SECTIONS * C; c += BLOCK) out[c] = fold[c];
     }
+    if constexpr (AMAX) block_atomic_max<BLOCK>(amax_bits, amax);  // every thread gets here
 }
 
 // Backward, general path: persistent grid of blocks of 256 threads, one row at a time per block,
 // scalar accesses; the block's dweight/dbias sums (and with COLSUM its sums of the dx it wrote) live in
 // its own partial row of the scratch (each column owned by one thread, so plain read-modify-write, no
-// atomics).
-template <typename T, bool COLSUM = false>
+// atomics). AMAX: as the vector kernel's.
+template <typename T, bool COLSUM = false, bool AMAX = false>
 __global__ void __launch_bounds__(256)
     layernorm_backward_general_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
-                                      const float* mean, const float* rstd, int N, int C) {
+                                      const float* mean, const float* rstd, int N, int C, unsigned* amax_bits) {
     constexpr int SECTIONS = COLSUM ? 3 : 2;
     __shared__ float2 buf[2][8];
     float* pw = partials + size_t(blockIdx.x) * SECTIONS * C;
@@ -445,6 +456,7 @@ __global__ void __launch_bounds__(256)
         if constexpr (COLSUM) pc[c] = 0.0f;
     }
     int parity = 0;
+    unsigned amax = 0;  // AMAX only
     for (int row = blockIdx.x; row < N; row += gridDim.x, parity ^= 1) {
         const size_t offset = size_t(row) * C;
         const float m = mean[row], s = rstd[row];
@@ -464,8 +476,10 @@ __global__ void __launch_bounds__(256)
             pw[c] += n * dy;
             pb[c] += dy;
             if constexpr (COLSUM) pc[c] += to_float(dx);
+            if constexpr (AMAX) amax = max(amax, abs_bits(to_float(dx)));
         }
     }
+    if constexpr (AMAX) block_atomic_max<256>(amax_bits, amax);
 }
 
 // Sums the P partial rows in a fixed order and adds them into dweight / dbias (and with COLSUM the dx
@@ -576,17 +590,19 @@ template <typename T> constexpr bool kBackwardPrefetch = sizeof(T) == 2;
 // partial count (the grid) is small and the finalize cheap. Shared memory holds the block's partials
 // (dweight, dbias, with COLSUM the dx column sums) when it has several rows, plus the staging of the
 // rows in flight, plus with COLSUM the threads' column sums; above the default 48 KiB a kernel must
-// opt in, which this does. Largest: bf16 with COLSUM at C = 4096, 184 KiB (Hopper allows 227).
+// opt in, which this does. Largest: bf16 with COLSUM at C = 4096, 184 KiB (Hopper allows 227). The
+// occupancy is that of the instantiation that runs (AMAX's may differ in registers and static smem).
 struct BackwardShape {
     int grid;
     size_t smem;
 };
 
-template <typename T, int WPR, bool PREFETCH, bool COLSUM> inline BackwardShape backward_vec_shape(int N, int C) {
+template <typename T, int WPR, bool PREFETCH, bool COLSUM, bool AMAX = false>
+inline BackwardShape backward_vec_shape(int N, int C) {
     constexpr int BLOCK = backward_block_threads<WPR>(), ROWS = BLOCK / (32 * WPR), SECTIONS = COLSUM ? 3 : 2;
     const size_t smem = (ROWS > 1 ? size_t(SECTIONS) * C * sizeof(float) : 0) + backward_stage_bytes<T, WPR, PREFETCH>() +
                         backward_colsum_bytes<WPR, COLSUM>();
-    auto kernel = layernorm_backward_vec_kernel<T, WPR, PREFETCH, COLSUM>;
+    auto kernel = layernorm_backward_vec_kernel<T, WPR, PREFETCH, COLSUM, AMAX>;
     if (smem > 48 * 1024) cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
     cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BLOCK, smem));
@@ -594,13 +610,14 @@ template <typename T, int WPR, bool PREFETCH, bool COLSUM> inline BackwardShape 
     return {std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count())), smem};
 }
 
-template <typename T, bool PREFETCH, bool COLSUM> inline BackwardShape backward_vec_shape_any(int N, int C, int wpr) {
+template <typename T, bool PREFETCH, bool COLSUM, bool AMAX = false>
+inline BackwardShape backward_vec_shape_any(int N, int C, int wpr) {
     switch (wpr) {
-        case 1: return backward_vec_shape<T, 1, PREFETCH, COLSUM>(N, C);
-        case 2: return backward_vec_shape<T, 2, PREFETCH, COLSUM>(N, C);
-        case 4: return backward_vec_shape<T, 4, PREFETCH, COLSUM>(N, C);
-        case 8: return backward_vec_shape<T, 8, PREFETCH, COLSUM>(N, C);
-        case 16: return backward_vec_shape<T, 16, PREFETCH, COLSUM>(N, C);
+        case 1: return backward_vec_shape<T, 1, PREFETCH, COLSUM, AMAX>(N, C);
+        case 2: return backward_vec_shape<T, 2, PREFETCH, COLSUM, AMAX>(N, C);
+        case 4: return backward_vec_shape<T, 4, PREFETCH, COLSUM, AMAX>(N, C);
+        case 8: return backward_vec_shape<T, 8, PREFETCH, COLSUM, AMAX>(N, C);
+        case 16: return backward_vec_shape<T, 16, PREFETCH, COLSUM, AMAX>(N, C);
     }
     fail("layernorm_backward: bad warps per row %d", wpr);
 }
@@ -613,32 +630,35 @@ inline int backward_general_grid(int N, int C, int sections = 2) {
 }
 
 // The vector kernel alone, with wpr = backward_warps_per_row<T>(C) warps per row; returns its grid
-// (the number of partial rows it wrote).
-template <typename T, bool PREFETCH, bool COLSUM>
+// (the number of partial rows it wrote). amax_bits: AMAX's slot (unused without it).
+template <typename T, bool PREFETCH, bool COLSUM, bool AMAX = false>
 int backward_vec_launch(T* dinp, float* partials, const T* dout, const T* inp, const T* weight, const float* mean,
-                        const float* rstd, int N, int C, int wpr, cudaStream_t stream) {
-    const BackwardShape shape = backward_vec_shape_any<T, PREFETCH, COLSUM>(N, C, wpr);
-#define LN_BWD(W)                                                                                                 \
-    case W:                                                                                                       \
-        layernorm_backward_vec_kernel<T, W, PREFETCH, COLSUM><<<shape.grid, backward_block_threads<W>(), shape.smem, \
-                                                                stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C); \
+                        const float* rstd, int N, int C, int wpr, unsigned* amax_bits, cudaStream_t stream) {
+    const BackwardShape shape = backward_vec_shape_any<T, PREFETCH, COLSUM, AMAX>(N, C, wpr);
+#define LN_BWD(W)                                                                                                   \
+    case W:                                                                                                         \
+        layernorm_backward_vec_kernel<T, W, PREFETCH, COLSUM, AMAX><<<shape.grid, backward_block_threads<W>(),      \
+                                                                      shape.smem, stream>>>(                        \
+            dinp, partials, dout, inp, weight, mean, rstd, N, C, amax_bits);                                        \
         break;
     switch (wpr) { LN_BWD(1) LN_BWD(2) LN_BWD(4) LN_BWD(8) LN_BWD(16) }  // (backward_vec_shape_any refused any other)
 #undef LN_BWD
     return shape.grid;
 }
 
-template <typename T, bool PREFETCH, bool COLSUM>
+template <typename T, bool PREFETCH, bool COLSUM, bool AMAX = false>
 void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, float* partials, const T* dout, const T* inp,
-                              const T* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+                              const T* weight, const float* mean, const float* rstd, int N, int C, unsigned* amax_bits,
+                              cudaStream_t stream) {
     const int wpr = backward_warps_per_row<T>(C);
     int P = 0;
     if (wpr && vector_ok<T>(C, {dinp, dout, inp, weight})) {
-        P = backward_vec_launch<T, PREFETCH, COLSUM>(dinp, partials, dout, inp, weight, mean, rstd, N, C, wpr, stream);
+        P = backward_vec_launch<T, PREFETCH, COLSUM, AMAX>(dinp, partials, dout, inp, weight, mean, rstd, N, C, wpr, amax_bits,
+                                                           stream);
     } else {
         P = backward_general_grid(N, C, COLSUM ? 3 : 2);
-        layernorm_backward_general_kernel<T, COLSUM>
-            <<<P, 256, 0, stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+        layernorm_backward_general_kernel<T, COLSUM, AMAX>
+            <<<P, 256, 0, stream>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C, amax_bits);
     }
     cuda_check_launch();
     layernorm_backward_finalize_kernel<T, COLSUM>
@@ -647,25 +667,33 @@ void backward_launch_sections(T* dinp, T* dweight, T* dbias, T* next_dbias, floa
 }
 
 // With the prefetch where T takes it (kBackwardPrefetch). A null next_dbias runs the kernels without
-// the column sums (COLSUM = false).
+// the column sums (COLSUM = false), a null amax_bits without the amax (AMAX = false).
 template <typename T>
 void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout, const T* inp, const T* weight,
-                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream, T* next_dbias = nullptr) {
+                     const float* mean, const float* rstd, int N, int C, cudaStream_t stream, T* next_dbias = nullptr,
+                     unsigned* amax_bits = nullptr) {
     if (N <= 0 || C <= 0) return;
     constexpr bool PREFETCH = kBackwardPrefetch<T>;
     float* partials = static_cast<float*>(scratch);
+    auto launch = [&](auto colsum, auto amax) {  // std::bool_constant arguments: the kernels' COLSUM and AMAX
+        backward_launch_sections<T, PREFETCH, decltype(colsum)::value, decltype(amax)::value>(
+            dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean, rstd, N, C, amax_bits, stream);
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
     if (next_dbias)
-        backward_launch_sections<T, PREFETCH, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean,
-                                                    rstd, N, C, stream);
+        amax_bits ? launch(yes(), yes()) : launch(yes(), no());
     else
-        backward_launch_sections<T, PREFETCH, false>(dinp, dweight, dbias, nullptr, partials, dout, inp, weight, mean,
-                                                     rstd, N, C, stream);
+        amax_bits ? launch(no(), yes()) : launch(no(), no());
 }
 
-// Floats of partials a vector-path launch writes, with and without the column sums (the larger).
+// Floats of partials a vector-path launch writes, with and without the column sums, with and without
+// the amax (the largest: the grid follows the occupancy of the instantiation that runs).
 template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(int N, int C, int wpr) {
-    return std::max(size_t(backward_vec_shape_any<T, PREFETCH, false>(N, C, wpr).grid) * 2 * C,
-                    size_t(backward_vec_shape_any<T, PREFETCH, true>(N, C, wpr).grid) * 3 * C);
+    return std::max({size_t(backward_vec_shape_any<T, PREFETCH, false>(N, C, wpr).grid) * 2 * C,
+                     size_t(backward_vec_shape_any<T, PREFETCH, true>(N, C, wpr).grid) * 3 * C,
+                     size_t(backward_vec_shape_any<T, PREFETCH, false, true>(N, C, wpr).grid) * 2 * C,
+                     size_t(backward_vec_shape_any<T, PREFETCH, true, true>(N, C, wpr).grid) * 3 * C});
 }
 
 }  // namespace layernorm_detail
@@ -717,14 +745,21 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     return floats * sizeof(float);
 }
 
-// The optional parts of a layernorm_backward call, each set by name (the defaults: no next_dbias, the
-// default stream):
+// The optional parts of a layernorm_backward call, each set by name (the defaults: no next_dbias, no
+// amax, the default stream):
 //   next_dbias (C): += the column sums of dinp as written by this call (sum over the N rows), i.e. the
 //           bias gradient of the linear layer whose output gradient dinp also is; null skips it at no cost.
+//   amax_bits: *amax_bits = max(*amax_bits, the bits of |dinp| over the N C values this call writes (the
+//           updated dinp, as stored in T)): the amax of dinp that FP8's cast needs (fp8.cuh's
+//           fp8_amax_slot, zeroed by the caller), so that it need not read dinp again. One atomicMax per
+//           block. Null: the kernels as they were (AMAX is a template argument: the kernels without it
+//           are unchanged).
 template <typename T> struct LayerNormBackwardOptions {
     T* next_dbias = nullptr;
+    unsigned* amax_bits = nullptr;
     cudaStream_t stream = 0;
     LayerNormBackwardOptions& with_next_dbias(T* d) { next_dbias = d; return *this; }
+    LayerNormBackwardOptions& with_amax(unsigned* bits) { amax_bits = bits; return *this; }
     LayerNormBackwardOptions& with_stream(cudaStream_t s) { stream = s; return *this; }
 };
 
@@ -734,5 +769,5 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, void* scratch, const T* d
                         const float* mean, const float* rstd, int N, int C,
                         const LayerNormBackwardOptions<T>& options = LayerNormBackwardOptions<T>()) {
     layernorm_detail::backward_launch<T>(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C, options.stream,
-                                         options.next_dbias);
+                                         options.next_dbias, options.amax_bits);
 }

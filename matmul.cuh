@@ -245,48 +245,62 @@ template <typename T, int VS, bool AMAX = false> __global__ void gelu_forward_ke
     if constexpr (AMAX) block_atomic_max<256>(amax_bits, amax);
 }
 
-template <typename T, int VS> __global__ void gelu_backward_kernel(T* d, const T* inp, size_t n) {
+// AMAX as for gelu_forward_kernel, over the d written.
+template <typename T, int VS, bool AMAX = false> __global__ void gelu_backward_kernel(T* d, const T* inp, size_t n, unsigned* amax_bits) {
+    unsigned amax = 0;
     for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
         if constexpr (VS == 1) {
-            d[i] = from_float<T>(to_float(d[i]) * gelu_tanh_grad(to_float(inp[i])));
+            const T g = from_float<T>(to_float(d[i]) * gelu_tanh_grad(to_float(inp[i])));
+            d[i] = g;
+            if constexpr (AMAX) amax = max(amax, abs_bits(to_float(g)));
         } else {
             const Vec128<T> x = Vec128<T>::load(inp + i);
             Vec128<T> g = Vec128<T>::load(d + i);
 #pragma unroll
             for (int j = 0; j < VS; j++) g[j] = from_float<T>(to_float(g[j]) * gelu_tanh_grad(to_float(x[j])));
             g.store(d + i);
+            if constexpr (AMAX)
+#pragma unroll
+                for (int j = 0; j < VS; j++) amax = max(amax, abs_bits(to_float(g[j])));
         }
     }
+    if constexpr (AMAX) block_atomic_max<256>(amax_bits, amax);
 }
 
 inline int elementwise_blocks(size_t work, int threads = 256) {
     return (int)std::max<size_t>(1, std::min<size_t>((work + threads - 1) / threads, 132 * 16));
 }
 
-// out = gelu(inp), n values. amax_bits (null: none): *amax_bits = max(*amax_bits, the bits of |out|
-// as stored), the amax FP8's cast of out needs (fp8.cuh's fp8_amax_slot, zeroed by the caller).
-template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0, unsigned* amax_bits = nullptr) {
+// The GELU kernels' four instances: 128-bit vectors where n and both pointers allow (else one value
+// a thread), with or without the amax. Calls launch(vs, amax, blocks), vs and amax as
+// std::integral_constant, for the instance that fits.
+template <typename T, typename Launch> void gelu_launch(size_t n, bool aligned16, bool amax, Launch&& launch) {
     constexpr int VS = Vec128<T>::size;
-    const bool vec = n % VS == 0 && is_aligned16(out) && is_aligned16(inp);
+    using Vector = std::integral_constant<int, VS>;
+    using Scalar = std::integral_constant<int, 1>;
+    const bool vec = n % VS == 0 && aligned16;
     const int blocks = elementwise_blocks(vec ? n / VS : n);
-    if (amax_bits) {
-        if (vec) gelu_forward_kernel<T, VS, true><<<blocks, 256, 0, stream>>>(out, inp, n, amax_bits);
-        else gelu_forward_kernel<T, 1, true><<<blocks, 256, 0, stream>>>(out, inp, n, amax_bits);
-    } else {
-        if (vec) gelu_forward_kernel<T, VS><<<blocks, 256, 0, stream>>>(out, inp, n, nullptr);
-        else gelu_forward_kernel<T, 1><<<blocks, 256, 0, stream>>>(out, inp, n, nullptr);
-    }
+    if (vec && amax) launch(Vector(), std::true_type(), blocks);
+    else if (vec) launch(Vector(), std::false_type(), blocks);
+    else if (amax) launch(Scalar(), std::true_type(), blocks);
+    else launch(Scalar(), std::false_type(), blocks);
     cuda_check_launch();
 }
 
-// d = d * gelu'(inp), in place: d holds dL/d(gelu output) on entry, dL/d(inp) on exit.
-template <typename T> void gelu_backward_inplace(T* d, const T* inp, size_t n, cudaStream_t stream = 0) {
-    constexpr int VS = Vec128<T>::size;
-    if (n % VS == 0 && is_aligned16(d) && is_aligned16(inp))
-        gelu_backward_kernel<T, VS><<<elementwise_blocks(n / VS), 256, 0, stream>>>(d, inp, n);
-    else
-        gelu_backward_kernel<T, 1><<<elementwise_blocks(n), 256, 0, stream>>>(d, inp, n);
-    cuda_check_launch();
+// out = gelu(inp), n values. amax_bits (null: none): *amax_bits = max(*amax_bits, the bits of |out|
+// as stored), the amax FP8's cast of out needs (fp8.cuh's fp8_amax_slot, zeroed by the caller).
+template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0, unsigned* amax_bits = nullptr) {
+    gelu_launch<T>(n, is_aligned16(out) && is_aligned16(inp), amax_bits != nullptr, [&](auto vs, auto amax, int blocks) {
+        gelu_forward_kernel<T, decltype(vs)::value, decltype(amax)::value><<<blocks, 256, 0, stream>>>(out, inp, n, amax_bits);
+    });
+}
+
+// d = d * gelu'(inp), in place: d holds dL/d(gelu output) on entry, dL/d(inp) on exit. amax_bits as
+// for gelu_forward, over the d written (FP8's amax of fc's output gradient).
+template <typename T> void gelu_backward_inplace(T* d, const T* inp, size_t n, cudaStream_t stream = 0, unsigned* amax_bits = nullptr) {
+    gelu_launch<T>(n, is_aligned16(d) && is_aligned16(inp), amax_bits != nullptr, [&](auto vs, auto amax, int blocks) {
+        gelu_backward_kernel<T, decltype(vs)::value, decltype(amax)::value><<<blocks, 256, 0, stream>>>(d, inp, n, amax_bits);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

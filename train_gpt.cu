@@ -93,14 +93,15 @@ inline ParameterTensors point_parameters(floatX* base, const size_t sizes[NUM_PA
 
 template <typename P> struct ActivationSet {
     P encoded;    // (B, T, C)     token + position embedding
-    P ln1;        // (L, B, T, Cp) LayerNorm 1 output, rows of Cp = ln_ld(C): C values, a one, zeros (see ln_ld)
+    P ln1;        // (L, B, T, Cp) LayerNorm 1 output, rows of Cp = ln_ld(C): C values, a one, zeros (see ln_ld);
+                  //               with -f8 1 one layer (the backward reads its FP8 copy, Fp8Buffers::input)
     P qkv;        // (L, B, T, 3C)
     P atty;       // (L, B, T, C)  attention output before the projection
     P att;        // (L, B, NH, T, T) softmax probabilities (cuBLAS attention only; flash keeps attn_lse)
     P residual2;  // (L, B, T, C)  residual after attention: x + attproj, written by attproj's matmul
-    P ln2;        // (L, B, T, Cp) as ln1
+    P ln2;        // (L, B, T, Cp) as ln1, one layer with -f8 1 too
     P fch;        // (L, B, T, 4C) MLP hidden, before GELU
-    P fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per layer
+    P fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) or -f8 1 one (B, T, 4C) buffer, rewritten per layer
     P residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer, written by fcproj's matmul
     P lnf;        // (B, T, C)
     P logits;     // (min(B T, kLogitsChunkRows), Vp): one chunk of rows' logits at a time, overwritten by
@@ -152,14 +153,17 @@ __global__ void fill_ones_column_kernel(floatX* x, size_t rows, int C, int ld) {
 }
 
 // With flash attention the (B, NH, T, T) tensors and the per-head scratch are not needed (size 0).
-// With recompute (GELU recomputed in the backward) fch_gelu holds one layer, not L.
-inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool recompute, ActivationSet<size_t>& a,
+// With recompute (GELU recomputed in the backward) fch_gelu holds one layer, not L. With fp8_inputs
+// (-f8 1) so do ln1, ln2 and fch_gelu: the backward's weight gradients read the FP8 copies of the
+// linear layers' inputs that the forward kept (Fp8Buffers::input), not these.
+inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool recompute, bool fp8_inputs, ActivationSet<size_t>& a,
                              StatSet<size_t>& s) {
     const size_t L = c.L, BT = size_t(B) * T, C = c.C, NH = c.NH, TT = flash ? 0 : size_t(T) * T, heads = flash ? 0 : 1;
-    const size_t LG = recompute ? 1 : L;  // layers of fch_gelu kept
-    const size_t Cp = ln_ld(c.C);         // ln1, ln2: rows with their column of ones
-    a.encoded = BT * C, a.ln1 = L * BT * Cp, a.qkv = L * BT * 3 * C, a.atty = L * BT * C, a.att = L * B * NH * TT;
-    a.residual2 = L * BT * C, a.ln2 = L * BT * Cp, a.fch = L * BT * 4 * C, a.fch_gelu = LG * BT * 4 * C;
+    const size_t LG = recompute || fp8_inputs ? 1 : L;  // layers of fch_gelu kept
+    const size_t LN = fp8_inputs ? 1 : L;               // layers of ln1 and ln2 kept
+    const size_t Cp = ln_ld(c.C);                       // ln1, ln2: rows with their column of ones
+    a.encoded = BT * C, a.ln1 = LN * BT * Cp, a.qkv = L * BT * 3 * C, a.atty = L * BT * C, a.att = L * B * NH * TT;
+    a.residual2 = L * BT * C, a.ln2 = LN * BT * Cp, a.fch = L * BT * 4 * C, a.fch_gelu = LG * BT * 4 * C;
     a.residual3 = L * BT * C, a.lnf = BT * C, a.logits = logits_rows(BT) * c.Vp;
     a.qkvr = heads * 3 * BT * C, a.yr = heads * BT * C;
     a.dresidual = BT * C, a.dln = BT * C, a.dbig = BT * 4 * C, a.dqkvr = heads * 3 * BT * C, a.datt = size_t(B) * NH * TT;
@@ -308,21 +312,25 @@ struct WeightStream {
 // buffers, allocated only with -f8 1:
 //   weight[k]: (L, OC, C) e4m3 copies of layer k's weights and their transposes (L, C, OC), made
 //              when the weights change (gpt_cast_weights_fp8), not per micro-batch;
-//   act:       (B T, up to 4C) e4m3, one layer's input: its natural copy in the forward, its transposed
-//              copy in the backward (the weight stream's), one buffer as the two never live at once
-//              (the backward starts after the forward's last read; the next forward after the
-//              weight stream's last);
+//   input[k]:  layer k's input in e4m3: q (B T, C_in), one buffer that every layer's forward GEMM reads
+//              in turn (shared by the four kinds), and qt (L, C_in, B T), each block's transposed copy,
+//              written by the same cast in a forward that a backward follows and read by that block's
+//              weight gradient; meta per block. So the backward casts no input, and the bf16 inputs
+//              ln1, ln2 and fch_gelu are kept for one layer only (activation_sizes);
 //   dout[k]:   (B T, OC) e5m2, layer k's output gradient, natural (dinp) and transposed (dweight);
 //              one pair per layer of a block, so the weight stream may still read the block above's
 //              while this one's is cast (no waits beyond the bf16 path's).
+// The layer inputs' transposed copies are B T 7C bytes a block, against the 2 (2 Cp + 4C) B T bytes of
+// ln1, ln2 and fch_gelu in bf16 that -f8 1 no longer keeps.
 enum LinearLayer { kQkv, kAttproj, kFc, kFcproj };
 constexpr int kLinearIn[4] = {1, 1, 1, 4}, kLinearOut[4] = {3, 1, 4, 1};  // each layer's C and OC, in units of C
 struct Fp8Buffers {
     bool on = false;
-    Fp8Tensor weight[4];  // per LinearLayer; fp8_weight views one block's
-    Fp8Tensor act;
-    Fp8Tensor dout[4];    // per LinearLayer
-    size_t bytes = 0;     // all of them, scales included
+    bool inputs_kept = false;  // the last forward wrote the inputs' transposed copies (it had a dloss)
+    Fp8Tensor weight[4];       // per LinearLayer; fp8_weight views one block's
+    Fp8Tensor input[4];        // per LinearLayer; fp8_input views one block's
+    Fp8Tensor dout[4];         // per LinearLayer
+    size_t bytes = 0;          // all of them, scales included
 };
 
 struct GPT {
@@ -399,7 +407,8 @@ inline void gpt_create_activations(GPT& m, int B, int T) {
     act.B = B, act.T = T;
     ActivationSet<size_t> act_sizes;
     StatSet<size_t> stat_sizes;
-    activation_sizes(m.config, B, T, m.flash, m.settings.recompute != 0, act_sizes, stat_sizes);
+    const bool fp8_inputs = m.settings.fp8 && !m.settings.inference;  // gpt_create_fp8 follows (or refuses)
+    activation_sizes(m.config, B, T, m.flash, m.settings.recompute != 0, fp8_inputs, act_sizes, stat_sizes);
     carve<floatX>(act.acts, act_sizes, mem.alloc<floatX>(carve<floatX>(act.acts, act_sizes, nullptr), "activations"));
     carve<float>(act.stats, stat_sizes, mem.alloc<float>(carve<float>(act.stats, stat_sizes, nullptr), "LayerNorm statistics and losses"));
 
@@ -408,7 +417,7 @@ inline void gpt_create_activations(GPT& m, int B, int T) {
     const int C = m.config.C, Cp = ln_ld(C);
     s.wgrad = mem.alloc<float>(size_t(4) * C * Cp * sizeof(float), "weight and bias gradient scratch");
     for (floatX* ln : {act.acts.ln1, act.acts.ln2}) {
-        fill_ones_column_kernel<<<1024, 256>>>(ln, size_t(m.config.L) * BT, C, Cp);
+        fill_ones_column_kernel<<<1024, 256>>>(ln, size_t(fp8_inputs ? 1 : m.config.L) * BT, C, Cp);
         cuda_check_launch();
     }
     // The logits buffer holds nothing live between the LM head's backward and the next forward: the
@@ -468,10 +477,6 @@ template <typename T> void fp8_cast_batch(Fp8Tensor& t, const T* x, int count, i
     else fail("FP8 casts need a bf16 build");
 }
 
-// -f8 1: the layer input's amax slot, zeroed, for the kernel that writes the next linear layer's input
-// (LayerNorm 1 and 2, GELU) to fill as it writes, so that the cast need not read the input twice
-// (linear_forward with Fp8Amax::given). Null without FP8: the kernels as the bf16 path runs them.
-inline unsigned* fp8_input_amax(GPT& m) { return m.fp8.on ? fp8_amax_slot(m.fp8.act) : nullptr; }
 
 // Block l's weight of linear layer k (OC, C), bf16, and its FP8 copies.
 inline floatX* linear_weight(const GPT& m, LinearLayer k, int l) {
@@ -485,6 +490,27 @@ inline Fp8Tensor fp8_weight(const GPT& m, LinearLayer k, int l) {
     w.q += l * w.capacity, w.qt += l * w.capacity, w.meta += 4 * l;  // 16 bytes: 1 / s stays aligned
     return w;
 }
+// Block l's input of linear layer k, N rows: the shared natural copy, this block's transposed copy and
+// scale.
+inline Fp8Tensor fp8_input(const GPT& m, LinearLayer k, int l, int N) {
+    Fp8Tensor t = m.fp8.input[k];
+    t.R = N, t.C = kLinearIn[k] * m.config.C;
+    t.qt += l * t.capacity, t.meta += 4 * l;
+    return t;
+}
+
+// -f8 1: the amax slot of block l's input of layer k, zeroed, for the kernel that writes that input
+// (LayerNorm 1 and 2, GELU) to fill as it writes, so that the cast need not read the input twice
+// (linear_forward with Fp8Amax::given). Null without FP8: the kernels as the bf16 path runs them.
+inline unsigned* fp8_input_amax(GPT& m, LinearLayer k, int l) {
+    if (!m.fp8.on) return nullptr;
+    Fp8Tensor t = fp8_input(m, k, l, 0);
+    return fp8_amax_slot(t);
+}
+// -f8 1: the amax slot of layer k's output gradient, zeroed, for the kernel that writes it (the
+// LayerNorm backward for dresidual, GELU's backward for dbig) to fill, so that its cast need not read
+// it twice (linear_backward with Fp8Amax::given). Null without FP8.
+inline unsigned* fp8_dout_amax(GPT& m, LinearLayer k) { return m.fp8.on ? fp8_amax_slot(m.fp8.dout[k]) : nullptr; }
 
 // The weights' FP8 copies, made whenever the weights change (gpt_create, gpt_update) and read by
 // every micro-batch of the step: each matrix with its own scale, both e4m3 copies (natural for the
@@ -518,22 +544,24 @@ inline void gpt_create_fp8(GPT& m, int B, int T) {
     Fp8Buffers& f = m.fp8;
     DeviceMemory& mem = m.memory;
     const size_t before = mem.bytes, BT = size_t(B) * T;
-    // Scales, 4 floats (16 bytes) a tensor: the 4L weights, act, the 4 douts.
-    float* meta = mem.alloc<float>(size_t(16 * L + 20) * sizeof(float), "FP8 scales");
+    // Scales, 4 floats (16 bytes) a tensor: the 4L weights, the 4L layer inputs, the 4 douts.
+    float* meta = mem.alloc<float>(size_t(32 * L + 16) * sizeof(float), "FP8 scales");
+    uint8_t* natural_input = mem.alloc<uint8_t>(BT * 4 * C, "FP8 layer input");
     for (int k = 0; k < 4; k++) {
         Fp8Tensor& w = f.weight[k];
         w.fmt = &kE4M3, w.R = kLinearOut[k] * C, w.C = kLinearIn[k] * C;
         w.capacity = size_t(L) * w.R * w.C;
         w.q = mem.alloc<uint8_t>(2 * w.capacity, "FP8 weights"), w.qt = w.q + w.capacity;
         w.meta = meta + 4 * L * k;
+        Fp8Tensor& in = f.input[k];
+        in.fmt = &kE4M3, in.capacity = BT * kLinearIn[k] * C;  // one block's
+        in.q = natural_input, in.qt = mem.alloc<uint8_t>(L * in.capacity, "FP8 layer inputs, transposed");
+        in.meta = meta + 16 * L + 4 * L * k;
         Fp8Tensor& d = f.dout[k];
         d.fmt = &kE5M2, d.capacity = BT * kLinearOut[k] * C;
         d.q = mem.alloc<uint8_t>(2 * d.capacity, "FP8 output gradients"), d.qt = d.q + d.capacity;
-        d.meta = meta + 16 * L + 4 + 4 * k;
+        d.meta = meta + 32 * L + 4 * k;
     }
-    f.act.fmt = &kE4M3, f.act.capacity = BT * 4 * C;
-    f.act.q = f.act.qt = mem.alloc<uint8_t>(f.act.capacity, "FP8 layer input");
-    f.act.meta = meta + 16 * L;
     f.bytes = mem.bytes - before;
     f.on = true;
     // No GELU fusion in FP8: the fc GEMM writes fch, gelu_forward makes fch_gelu, and fcproj's dinp is
@@ -679,10 +707,12 @@ template <typename T> void exp_head_forward_backward(GPT& m, T* logits, float* l
 }
 
 // One linear layer's forward, layer k of block l: matmul_forward, or with -f8 1 its FP8 GEMM. Then
-// inp's natural e4m3 copy is cast here from its C values (a LayerNorm output's rows, options.inp_ld
-// apart, end in its column of ones), the weight's was made when the weights changed; e4m3 x e4m3 with
-// fast accumulation into bf16, the bias in the epilogue and the residual as cuBLASLt's C (beta 1, out
-// apart), as matmul_forward adds them. No GELU fusion in FP8 (gpt_create_fp8 sets -ge 0).
+// inp's e4m3 copies are cast here from its C values (a LayerNorm output's rows, options.inp_ld
+// apart, end in its column of ones): the natural one for this GEMM and, where a backward follows
+// (Fp8Buffers::inputs_kept), the block's transposed one for its weight gradient, in the same pass;
+// the weight's were made when the weights changed. e4m3 x e4m3 with fast accumulation into bf16, the
+// bias in the epilogue and the residual as cuBLASLt's C (beta 1, out apart), as matmul_forward adds
+// them. No GELU fusion in FP8 (gpt_create_fp8 sets -ge 0).
 // inp_amax: Fp8Amax::given where the kernel that wrote inp also wrote its amax (fp8_input_amax): the
 // cast then reads inp once, not twice.
 template <typename T>
@@ -693,10 +723,11 @@ void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T*
         return;
     }
     m.profiler.mark("fwd.fp8cast");
-    fp8_cast(m.fp8.act, inp, N, C, true, false, 0, options.inp_ld, inp_amax);
+    Fp8Tensor input = fp8_input(m, k, l, N);
+    fp8_cast(input, inp, N, C, true, m.fp8.inputs_kept, 0, options.inp_ld, inp_amax);
     m.profiler.mark("fwd.matmul");
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
-        fp8_must(fp8_forward(out, m.fp8.act, fp8_weight(m, k, l), bias, true, 0, options.residual));
+        fp8_must(fp8_forward(out, input, fp8_weight(m, k, l), bias, true, 0, options.residual));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -715,9 +746,10 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     const StatTensors& s = m.act.stats;
     const size_t btc = size_t(BT) * C;
     const int Cp = ln_ld(C);
-    const size_t btcp = size_t(BT) * Cp;  // one layer of ln1 / ln2
-    const bool recompute = m.settings.recompute != 0;
+    const size_t btcp = m.fp8.on ? 0 : size_t(BT) * Cp;  // one layer of ln1 / ln2 (-f8 1: they keep one)
+    const bool one_gelu = m.settings.recompute != 0 || m.fp8.on;  // fch_gelu keeps one layer
     const int gelu_fusion = m.settings.gelu_fusion;
+    m.fp8.inputs_kept = m.fp8.on && targets && dloss != 0.0f;  // a backward follows
 
     Profiler& prof = m.profiler;
     prof.mark("fwd.encoder");
@@ -726,7 +758,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     // -f8 1: LayerNorm 1 and 2 and GELU also write the amax of what they write into the FP8 layer
     // input's slot (fp8_input_amax), which the next linear layer's cast takes as given.
     layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C,
-                      LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m)));
+                      LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m, kQkv, 0)));
     for (int l = 0; l < L; l++) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;  // this layer's input residual
         floatX* ln1 = a.ln1 + l * btcp;
@@ -736,7 +768,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* residual2 = a.residual2 + l * btc;
         floatX* ln2 = a.ln2 + l * btcp;
         floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul
+        floatX* fch_gelu = one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1, -f8 1: only for the next matmul
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
@@ -752,7 +784,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
                        MatmulForwardOptions<floatX>().with_residual(x));
         prof.mark("fwd.layernorm");
         layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C,
-                          LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m)));
+                          LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m, kFc, l)));
         prof.mark("fwd.matmul");
         if (gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
             matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
@@ -761,17 +793,17 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
             linear_forward(m, kFc, l, fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
                            MatmulForwardOptions<floatX>().with_inp_ld(Cp), Fp8Amax::given);
             prof.mark("fwd.gelu");
-            gelu_forward(fch_gelu, fch, 4 * btc, 0, fp8_input_amax(m));
+            gelu_forward(fch_gelu, fch, 4 * btc, 0, fp8_input_amax(m, kFcproj, l));
         }
         prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
         linear_forward(m, kFcproj, l, residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C,
                        C, MatmulForwardOptions<floatX>().with_residual(residual2),
-                       gelu_fusion >= 1 ? Fp8Amax::compute : Fp8Amax::given);  // FP8 runs -ge 0: gelu_forward wrote it
+                       Fp8Amax::given);  // FP8 runs -ge 0: gelu_forward wrote it (the bf16 path ignores it)
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
             layernorm_forward(a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
                               p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C,
-                              LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m)));
+                              LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m, kQkv, l + 1)));
         else
             layernorm_forward(a.lnf, s.lnf_mean, s.lnf_rstd, residual3, p.lnfw, p.lnfb, BT, C);
     }
@@ -863,24 +895,26 @@ inline void wgrad_wait(GPT& m, WgradPoint point) {
 
 // One linear layer's backward in FP8 (-f8 1; layer k of block l): dout is cast once, on the default
 // stream, into both e5m2 copies (layer k's pair, once the weight stream has read the block above's:
-// `point`), and dinp = dout weight runs there (e5m2 x e4m3, fp32 promotion, bf16 out; a pre_gelu is not fused:
-// the caller runs gelu_backward_inplace, as with -ge 0). Then on the weight stream: inp's transposed
-// e4m3 copy, cast from the bf16 activation the forward kept (or -r 1 recomputed), dweight += inp^T
-// dout (e4m3 x e5m2, fp32 promotion, += into the bf16 gradient), and dbias where one is asked for,
-// as matmul_backward's column sums of the bf16 dout (a matrix-vector product: deterministic).
+// `point`; dout_amax as for linear_forward's inp_amax, from fp8_dout_amax), and dinp = dout weight runs
+// there (e5m2 x e4m3, fp32 promotion, bf16 out; a pre_gelu is not fused: the caller runs
+// gelu_backward_inplace, as with -ge 0). Then on the weight stream: dweight += inp^T dout from the
+// transposed e4m3 copy of inp that the forward kept (e4m3 x e5m2, fp32 promotion, += into the bf16
+// gradient), and dbias where one is asked for, as matmul_backward's column sums of the bf16 dout (a
+// matrix-vector product: deterministic).
 template <typename T>
-void linear_backward_fp8(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, int N, int C,
-                         int OC, WgradPoint point, int inp_ld) {
+void linear_backward_fp8(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* dbias, const T* dout, int N, int C, int OC,
+                         WgradPoint point, Fp8Amax dout_amax) {
     Fp8Buffers& f = m.fp8;
     m.profiler.mark("bwd.fp8cast");
     wgrad_wait(m, point);
-    fp8_cast(f.dout[k], dout, N, OC, true, true);
+    fp8_cast(f.dout[k], dout, N, OC, true, true, 0, 0, dout_amax);
     const cudaStream_t ws = wgrad_fork(m);
     m.profiler.mark("bwd.matmul");
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_backward_input(dinp, f.dout[k], fp8_weight(m, k, l), false));
-    fp8_cast(f.act, inp, N, C, false, true, ws, inp_ld);
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_backward_weight(dweight, f.dout[k], f.act, false, ws));
-    if (dbias) matmul_backward<T>(nullptr, nullptr, dbias, dout, inp, nullptr, N, C, OC, MatmulBackwardOptions<T>().with_stream(ws));
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        fp8_must(fp8_backward_input(dinp, f.dout[k], fp8_weight(m, k, l), false));
+        fp8_must(fp8_backward_weight(dweight, f.dout[k], fp8_input(m, k, l, N), false, ws));
+    }
+    if (dbias) matmul_backward<T>(nullptr, nullptr, dbias, dout, nullptr, nullptr, N, C, OC, MatmulBackwardOptions<T>().with_stream(ws));
     wgrad_mark(m, point);
 }
 
@@ -892,11 +926,13 @@ void linear_backward_fp8(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* d
 // inp_ld != 0: inp is a LayerNorm output with its column of ones (rows of inp_ld = ln_ld(C)), and the
 // weight and bias gradients come from one GEMM (matmul_backward_weight_bias, via Scratch::wgrad,
 // which the weight stream's GEMMs use one after another). 0: inp is (N, C).
+// dout_amax: -f8 1 only, as linear_backward_fp8 takes it.
 template <typename T>
 void linear_backward(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int N, int C, int OC, const T* pre_gelu, WgradPoint point, int inp_ld = 0) {
+                     int N, int C, int OC, const T* pre_gelu, WgradPoint point, int inp_ld = 0,
+                     Fp8Amax dout_amax = Fp8Amax::compute) {
     if (m.fp8.on) {
-        linear_backward_fp8(m, k, l, dinp, dweight, dbias, dout, inp, N, C, OC, point, inp_ld);
+        linear_backward_fp8(m, k, l, dinp, dweight, dbias, dout, N, C, OC, point, dout_amax);
         return;
     }
     const cudaStream_t ws = wgrad_fork(m);
@@ -921,11 +957,17 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
     const Scratch& scratch = m.scratch;
     const size_t btc = size_t(BT) * C;
     const int Cp = ln_ld(C);
-    const size_t btcp = size_t(BT) * Cp;  // one layer of ln1 / ln2
-    const bool recompute = m.settings.recompute != 0;
+    const size_t btcp = m.fp8.on ? 0 : size_t(BT) * Cp;  // one layer of ln1 / ln2 (-f8 1: they keep one)
+    const bool recompute = m.settings.recompute != 0 && !m.fp8.on;  // -f8 1 reads fch_gelu's FP8 copy
+    const bool one_gelu = m.settings.recompute != 0 || m.fp8.on;
     const int gelu_fusion = m.settings.gelu_fusion;
     const bool reduce = last_micro_batch && m.dp.multi();
     floatX* const none = nullptr;
+    if (m.fp8.on && !m.fp8.inputs_kept) fail("gpt_backward: -f8 1 and the last forward had no dloss (its inputs' FP8 copies were not kept)");
+    // -f8 1: the LayerNorm backwards and GELU's write the amax of the output gradients they make
+    // (dresidual: fcproj's and attproj's dout; dbig: fc's) into its slot, for the cast to take as given;
+    // dqkv's cast computes its own.
+    const Fp8Amax given = Fp8Amax::given;
 
     Profiler& prof = m.profiler;
     prof.mark("bwd.other");
@@ -935,7 +977,8 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
     // Each LayerNorm backward also adds its dresidual's column sums into the next linear layer's bias
     // gradient (that layer's dout is this dresidual): fcproj's of the layer below, attproj's of its own.
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, scratch.layernorm, a.dln, a.residual3 + (L - 1) * btc, p.lnfw, s.lnf_mean,
-                       s.lnf_rstd, BT, C, LayerNormBackwardOptions<floatX>().with_next_dbias(g.fcprojb + size_t(L - 1) * C));
+                       s.lnf_rstd, BT, C,
+                       LayerNormBackwardOptions<floatX>().with_next_dbias(g.fcprojb + size_t(L - 1) * C).with_amax(fp8_dout_amax(m, kFcproj)));
     for (int l = L - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
         const floatX* ln1 = a.ln1 + l * btcp;
@@ -945,7 +988,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         const floatX* residual2 = a.residual2 + l * btc;
         const floatX* ln2 = a.ln2 + l * btcp;
         const floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;
+        floatX* fch_gelu = one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;
         const size_t fc_w = size_t(l) * 4 * C * C;
 
         // MLP. dresidual is the gradient of residual3 = residual2 + fcproj, so also of fcproj.
@@ -958,24 +1001,24 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         wgrad_wait(m, kReadDbig);  // the layer above's fc weight gradients read dbig
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
         linear_backward(m, kFcproj, l, a.dbig, g.fcprojw + fc_w, none, a.dresidual, fch_gelu, p.fcprojw + fc_w, BT, 4 * C, C,
-                        gelu_fusion >= 2 ? fch : none, kReadMlpDresidual);
+                        gelu_fusion >= 2 ? fch : none, kReadMlpDresidual, 0, given);
         if (gelu_fusion < 2) {
             prof.mark("bwd.gelu");
-            gelu_backward_inplace(a.dbig, fch, 4 * btc);
+            gelu_backward_inplace(a.dbig, fch, 4 * btc, 0, fp8_dout_amax(m, kFc));
         }
         prof.mark("bwd.matmul");
         linear_backward(m, kFc, l, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
-                        kReadDbig, Cp);
+                        kReadDbig, Cp, given);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadMlpDresidual);
         layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, scratch.layernorm, a.dln, residual2, p.ln2w + l * C,
                            s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C,
-                           LayerNormBackwardOptions<floatX>().with_next_dbias(g.attprojb + size_t(l) * C));
+                           LayerNormBackwardOptions<floatX>().with_next_dbias(g.attprojb + size_t(l) * C).with_amax(fp8_dout_amax(m, kAttproj)));
         // Attention. dln now holds the gradient of atty, scratch.dqkv that of qkv.
         prof.mark("bwd.matmul");
         linear_backward(m, kAttproj, l, a.dln, g.attprojw + size_t(l) * C * C, none, a.dresidual, atty,
-                        p.attprojw + size_t(l) * C * C, BT, C, C, none, kReadAttnDresidual);
+                        p.attprojw + size_t(l) * C * C, BT, C, C, none, kReadAttnDresidual, 0, given);
         prof.mark("bwd.attention");
         wgrad_wait(m, kReadDqkv);  // the layer above's qkv weight gradients read scratch.dqkv
         if (m.flash)
@@ -991,7 +1034,9 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         wgrad_wait(m, kReadAttnDresidual);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, scratch.layernorm, a.dln, x, p.ln1w + l * C,
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C,
-                           LayerNormBackwardOptions<floatX>().with_next_dbias(l > 0 ? g.fcprojb + size_t(l - 1) * C : none));
+                           LayerNormBackwardOptions<floatX>()
+                               .with_next_dbias(l > 0 ? g.fcprojb + size_t(l - 1) * C : none)
+                               .with_amax(l > 0 ? fp8_dout_amax(m, kFcproj) : nullptr));
         // layer l's gradients are final (fcprojb's came from the layer above)
         if (reduce) dp_reduce_layer<floatX>(m.dp, l, m.wgrad.stream);
     }
@@ -1337,7 +1382,8 @@ static void usage(const Options& d) {
            "  -ge <0|1|2> GELU in cuBLASLt matmul epilogues: 0 = separate GELU kernels, 1 = fused in the forward,\n"
            "              2 = forward and backward (default %d; fp32 builds, the exact reference, keep 0)\n"
            "  -r <0|1>    1 = recompute GELU in the backward instead of keeping it: saves (L-1)*B*T*4C activations\n"
-           "              (4.1 GiB at d12 B=64 bf16) for ~2.5%% of the step; with -ge 1/2 not bit-identical to -r 0 (default %d)\n"
+           "              (4.1 GiB at d12 B=64 bf16) for ~2.5%% of the step; with -ge 1/2 not bit-identical to -r 0; -f8 1\n"
+           "              keeps one layer and recomputes nothing either way (default %d)\n"
            "  -ov <0|1>   1 = the backward's weight gradients on a second stream, overlapped: the same bits (default %d)\n"
            "  -tw <0|1>   1 = tune each matmul also over the configurations around cuBLASLt's heuristic (up to 3 s\n"
            "              a shape at start): the same bits, ~1%% faster at B=64 on an H100 (default %d)\n"
@@ -1833,13 +1879,15 @@ static void print_setup(const Run& r) {
            (unsigned long long)r.val_sequences);
     std::string fp8_text;  // -f8 1: its buffers, both copies of each (Fp8Buffers)
     if (m.fp8.on) {
-        size_t weights = 0, douts = 0;
-        for (int k = 0; k < 4; k++) weights += 2 * m.fp8.weight[k].capacity, douts += 2 * m.fp8.dout[k].capacity;
-        fp8_text = strf(" (-f8 1: %.2f GiB of it FP8 copies: weights %.2f, layer input %.2f, output gradients %.2f)",
-                        m.fp8.bytes / 1073741824.0, weights / 1073741824.0, m.fp8.act.capacity / 1073741824.0, douts / 1073741824.0);
+        size_t weights = 0, inputs = 4 * m.fp8.input[0].capacity, douts = 0;  // the shared natural copy, B T 4C
+        for (int k = 0; k < 4; k++)
+            weights += 2 * m.fp8.weight[k].capacity, inputs += size_t(c.L) * m.fp8.input[k].capacity, douts += 2 * m.fp8.dout[k].capacity;
+        fp8_text = strf(" (-f8 1: %.2f GiB of it FP8 copies: weights %.2f, layer inputs %.2f, output gradients %.2f; ln1, ln2 and the GELU "
+                        "output in bf16 for one layer, not L)",
+                        m.fp8.bytes / 1073741824.0, weights / 1073741824.0, inputs / 1073741824.0, douts / 1073741824.0);
     }
-    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s%s\n",
-           m.memory.bytes / 1073741824.0, m.settings.recompute ? " (-r 1: GELU output of one layer, not L)" : "", fp8_text.c_str());
+    printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s%s\n", m.memory.bytes / 1073741824.0,
+           m.settings.recompute && !m.fp8.on ? " (-r 1: GELU output of one layer, not L)" : "", fp8_text.c_str());
     const OutlierGuard& g = r.guard;
     printf("outlier guard: -sl %g -sg %g (0 = off): an update is skipped when the loss's or the grad norm's z over the last "
            "%d steps' values is above it; %d and %d held now\n", g.loss_limit, g.norm_limit, kOutlierWindow,

@@ -10,8 +10,8 @@
 #                 the uninterrupted run's bits, its final state file the same bytes; the same checkpoint
 #                 resumed with -f8 0 (checkpoints do not depend on -f8): runs, and steps 11..30 stay
 #                 within the bound of vs bf16 against the uninterrupted -f8 1 run
-#   -r 1          GELU recomputed in the backward: the same bits as -r 0 (FP8 fuses no GELU, so the
-#                 recomputed fch_gelu, and its FP8 copy, are the kept one's bits)
+#   -r 1          the same bits as -r 0 (with -f8 1 the backward reads the GELU output's FP8 copy that
+#                 the forward kept, so -r 1 has nothing to recompute)
 #   -ov 0         the weight gradients in line, not on their own stream: the same bits as -ov 1
 #   refusals      a model whose C (40) is not a multiple of 16, and -t 200: exit 1, one `error:` line
 #                 naming it; on a GPU below compute capability 8.9, -f8 1 itself (and nothing else runs)
@@ -183,7 +183,7 @@ fi
 
 # ---- -r 1 and -ov 0: the same bits as the first run
 train "$tmp/rr" "${run[@]}" -x 30 -f8 1 -r 1
-if [[ $rc -ne 0 ]]; then report "-r 1: GELU recomputed" 0 "exit code $rc"; show "$tmp/rr.err"
+if [[ $rc -ne 0 ]]; then report "-r 1" 0 "exit code $rc"; show "$tmp/rr.err"
 else numeric_steps "$tmp/rr.out" >"$tmp/rr.steps"; same "-r 1: step lines = -r 0's (-f8 1)" "$tmp/a.steps" "$tmp/rr.steps" 30; fi
 train "$tmp/ov" "${run[@]}" -x 30 -f8 1 -ov 0
 if [[ $rc -ne 0 ]]; then report "-ov 0: weight gradients in line" 0 "exit code $rc"; show "$tmp/ov.err"

@@ -49,6 +49,10 @@
 // past next_dbias's C values. The benchmark times 7/8 without it, with it, and without it followed by
 // the separate pass ("+gemv"), so the fused cost and the saved pass are side by side.
 //
+// The header's version is also run with its FP8 amax option (with_amax) at every shape, without and
+// with next_dbias: the same bits out (dx, dweight, dbias, next_dbias), and the amax exactly the
+// largest |dx| as stored.
+//
 // Bandwidth: backward bytes = 4*N*C*sizeof(T) (read x, dy, dx; write dx) + 8*N (mean, rstd); weight,
 // dweight, dbias (and next_dbias) and the partials (P x 2C floats, 3C with next_dbias) are small next
 // to it and left out. Reported as a fraction of a device-to-device copy measured in the same run.
@@ -292,9 +296,11 @@ void backward_without_prefetch(T* dinp, T* dweight, T* dbias, void* scratch, con
     if (N <= 0 || C <= 0) return;
     float* partials = static_cast<float*>(scratch);
     if (next_dbias)
-        backward_launch_sections<T, false, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean, rstd, N, C, 0);
+        backward_launch_sections<T, false, true>(dinp, dweight, dbias, next_dbias, partials, dout, inp, weight, mean, rstd, N, C,
+                                                 nullptr, 0);
     else
-        backward_launch_sections<T, false, false>(dinp, dweight, dbias, nullptr, partials, dout, inp, weight, mean, rstd, N, C, 0);
+        backward_launch_sections<T, false, false>(dinp, dweight, dbias, nullptr, partials, dout, inp, weight, mean, rstd, N, C,
+                                                  nullptr, 0);
 }
 
 // Versions whose kernels take next_dbias (the header's).
@@ -413,6 +419,46 @@ const Shape kCheckShapes[] = {{1, 768},  {7, 1},     {5, 33},    {64, 768},  {33
                               {9, 4100}, {4, 16384}, {2, 65536}, {1, 65536}, {2048, 64}, {37, 3072}, {5000, 768}};
 
 constexpr int kColsumGuard = 8;  // elements past next_dbias's C, poisoned: must stay untouched
+
+// The header's amax option (LayerNormBackwardOptions::with_amax, FP8's amax of dinp, fp8.cuh): the same
+// call with it, from the same inputs (dx, dweight, dbias, next_dbias copied from the initial values,
+// the scratch poisoned), must write the same bits (dx, dweight, dbias, and next_dbias with the guard
+// past its C when `colsum`), and the amax written must be the largest |dx| over the N C values as
+// stored, exactly (its float's bits). got_*: the same call's outputs without the option.
+template <typename T>
+bool check_amax_option(const std::vector<T>& dx0, const std::vector<T>& dw0, const std::vector<T>& db0,
+                       const std::vector<T>& ndb0, const std::vector<T>& got_dx, const std::vector<T>& got_dw,
+                       const std::vector<T>& got_db, const std::vector<T>& got_ndb, const DeviceBuffer<T>& d_dy,
+                       const DeviceBuffer<T>& d_x, const DeviceBuffer<T>& d_w, const DeviceBuffer<float>& d_mean,
+                       const DeviceBuffer<float>& d_rstd, int N, int C, int shift, bool colsum) {
+    const size_t NC = size_t(N) * C;
+    DeviceBuffer<T> dx(NC, "dx, amax option", shift), dw(C, "dweight, amax option", shift), db(C, "dbias, amax option", shift);
+    DeviceBuffer<T> ndb(C + kColsumGuard, "next_dbias, amax option", shift);
+    DeviceBuffer<unsigned char> scratch(lab_scratch_bytes(N, C), "scratch, amax option");
+    DeviceBuffer<unsigned> amax_bits(1, "amax");
+    dx.upload(dx0), dw.upload(dw0), db.upload(db0), ndb.upload(ndb0);
+    scratch.poison();
+    cuda_check(cudaMemset(amax_bits.ptr, 0, sizeof(unsigned)));
+    layernorm_backward(dx.ptr, dw.ptr, db.ptr, scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, d_mean.ptr, d_rstd.ptr, N, C,
+                       LayerNormBackwardOptions<T>().with_next_dbias(colsum ? ndb.ptr : nullptr).with_amax(amax_bits.ptr));
+    cuda_check(cudaDeviceSynchronize());
+    const auto x = dx.download(), w = dw.download(), b = db.download(), nb = ndb.download();
+    const bool same = std::memcmp(x.data(), got_dx.data(), NC * sizeof(T)) == 0 &&
+                      std::memcmp(w.data(), got_dw.data(), C * sizeof(T)) == 0 &&
+                      std::memcmp(b.data(), got_db.data(), C * sizeof(T)) == 0 &&
+                      std::memcmp(nb.data(), got_ndb.data(), (C + kColsumGuard) * sizeof(T)) == 0;
+    float host = 0.0f;
+    for (size_t i = 0; i < NC; i++) host = std::max(host, std::fabs(to_float(got_dx[i])));
+    unsigned host_bits, got_bits = amax_bits.download()[0];
+    memcpy(&host_bits, &host, sizeof(host));
+    float got;
+    memcpy(&got, &got_bits, sizeof(got));
+    const bool exact = got_bits == host_bits;
+    const char* outputs = colsum ? "dx, dweight, dbias, next_dbias the same bits" : "dx, dweight, dbias the same bits";
+    printf("  amax option: %s; amax %.9g (host, max |dx| as stored: %.9g) %s\n", same ? outputs : "FAIL: OUTPUTS CHANGED", got,
+           host, exact ? "exact" : "FAIL");
+    return same && exact;
+}
 
 // One (version, dtype, shape, alignment). With `determinism`, also runs the version twice more from
 // the same inputs and compares every output bit for bit. With `colsum` (versions 7, 8), passes
@@ -534,6 +580,9 @@ template <typename T> int check_one(int version, int N, int C, int shift, uint64
                same ? "ok  " : "FAIL", colsum ? "/next_dbias" : "");
         ok &= same;
     }
+    if (version == kNumVersions)
+        ok &= check_amax_option(dx0, dw0, db0, ndb0, got_dx[0], got_dw[0], got_db[0], got_ndb[0], d_dy, d_x, d_w, d_mean, d_rstd,
+                                N, C, shift, colsum);
     return ok;
 }
 
@@ -559,7 +608,7 @@ void benchmark_floor(int N, int C, T* dx, T* dw, T* db, void* scratch, const T* 
     if (!wpr) return;
     float* partials = static_cast<float*>(scratch);
     int grid = 0;
-    auto kernel = [&] { grid = backward_vec_launch<T, P, false>(dx, partials, dy, x, w, mean, rstd, N, C, wpr, 0); };
+    auto kernel = [&] { grid = backward_vec_launch<T, P, false>(dx, partials, dy, x, w, mean, rstd, N, C, wpr, nullptr, 0); };
     auto finalize = [&] {
         layernorm_backward_finalize_kernel<T, false><<<(C + 31) / 32, dim3(32, 32)>>>(dw, db, nullptr, partials, grid, C);
     };

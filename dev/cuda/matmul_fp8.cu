@@ -616,17 +616,19 @@ void check_batched_casts(TestCounter& tests, bool gpu, Rng& rng) {
         }
 }
 
-// The forward's producers with the amax option, then the cast with Fp8Amax::given, against the producer
-// without it and fp8_quantize's own amax: the producer's output bit for bit (and nothing between
+// The producers with the amax option (the forward's LayerNorm and GELU, GELU's backward for fc's output
+// gradient, cast in e4m3 here too: the format does not change what is checked), then the cast with
+// Fp8Amax::given, against the producer without it and fp8_quantize's own amax: the producer's output bit for bit (and nothing between
 // LayerNorm's rows written), the FP8 bytes and scales. Then an amax given that is not x's: the cast
 // must take it as it is (the pass is skipped), its scale fp8_scale of that amax.
 void check_given_amax(TestCounter& tests, bool gpu, Rng& rng) {
     struct Case {
         const char* producer;
-        int N, C, ld, shift;  // ld: LayerNorm's out rows (a column of ones after C, as train_gpt's); shift: GELU's input misaligned (scalar kernel)
+        int N, C, ld, shift;  // ld: LayerNorm's out rows (a column of ones after C, as train_gpt's); shift: GELU's input misaligned (the scalar kernels)
     };
-    const Case cases[] = {{"layernorm", 64, 768, 776, 0},  {"layernorm", 208, 144, 152, 0}, {"layernorm", 48, 1600, 1600, 0},
-                          {"gelu", 64, 3072, 3072, 0},     {"gelu", 208, 144, 144, 0},     {"gelu", 48, 400, 400, 1}};
+    const Case cases[] = {{"layernorm", 64, 768, 776, 0},       {"layernorm", 208, 144, 152, 0},     {"layernorm", 48, 1600, 1600, 0},
+                          {"gelu", 64, 3072, 3072, 0},          {"gelu", 208, 144, 144, 0},          {"gelu", 48, 400, 400, 1},
+                          {"gelu_backward", 64, 3072, 3072, 0}, {"gelu_backward", 208, 144, 144, 0}, {"gelu_backward", 48, 400, 400, 1}};
     for (const Case& c : cases) {
         const std::string what = strf("%s %d x %d%s%s", c.producer, c.N, c.C, c.ld != c.C ? strf(" (ld %d)", c.ld).c_str() : "",
                                       c.shift ? " (scalar kernel)" : "");
@@ -634,23 +636,26 @@ void check_given_amax(TestCounter& tests, bool gpu, Rng& rng) {
             tests.skip(what.c_str());
             continue;
         }
-        const bool ln = std::string(c.producer) == "layernorm";
+        const bool ln = std::string(c.producer) == "layernorm", dgelu = std::string(c.producer) == "gelu_backward";
         const size_t n_out = size_t(c.N) * c.ld, n_in = size_t(c.N) * c.C;
-        std::vector<bf16> inp(n_in), w(c.C), b(c.C);
+        std::vector<bf16> inp(n_in), w(c.C), b(c.C), dout(n_out);
         if (ln) fill_rows(inp, c.N, c.C, rng);
         else fill_uniform(inp, -4.0f, 4.0f, rng);
         fill_uniform(w, 0.5f, 1.5f, rng);
         fill_uniform(b, -0.5f, 0.5f, rng);
+        fill_uniform(dout, -1.0f, 1.0f, rng);
         DeviceBuffer<bf16> d_inp(n_in, "producer input", c.shift), d_w(c.C, "weight"), d_b(c.C, "bias");
         DeviceBuffer<bf16> out_plain(n_out, "output, no amax"), out_amax(n_out, "output, amax");
         d_inp.upload(inp), d_w.upload(w), d_b.upload(b);
-        out_plain.poison(), out_amax.poison();
+        if (dgelu) out_plain.upload(dout), out_amax.upload(dout);  // in place: d holds dL/d(gelu output) on entry
+        else out_plain.poison(), out_amax.poison();
         LabFp8Tensor plain(kE4M3, n_in), given(kE4M3, n_in);
         plain.poison(), given.poison();
         auto produce = [&](bf16* out, unsigned* amax_bits) {
             if (ln)
                 layernorm_forward(out, (float*)nullptr, (float*)nullptr, d_inp.ptr, d_w.ptr, d_b.ptr, c.N, c.C,
                                   LayerNormForwardOptions().with_out_ld(c.ld).with_amax(amax_bits));
+            else if (dgelu) gelu_backward_inplace(out, (const bf16*)d_inp.ptr, n_in, 0, amax_bits);
             else gelu_forward(out, (const bf16*)d_inp.ptr, n_in, 0, amax_bits);
         };
         produce(out_plain.ptr, nullptr);
