@@ -3,7 +3,8 @@
 // float64 reference with derived bounds and times them beside bf16).
 //
 //   fp8_quantize         x (R, C) bf16, rows ld apart -> q (R, C) and/or qt (C, R) FP8, one scale from amax(x)
-//                        (its own pass over x, or the amax the kernel that wrote x left in the slot)
+//                        (its own pass over x, or the amax the kernel that wrote x left in the slot); or, with
+//                        gelu, of GELU(x) as bf16 holds it (the bf16 GELU output itself is never written)
 //   fp8_quantize_batch   the same for `count` tensors one after another (a layer kind's L weights)
 //   fp8_forward          out (N, OC) = inp (N, C) weight (OC, C)^T + bias (+ residual)   bf16 out
 //   fp8_backward_input   dinp (N, C) = dout (N, OC) weight                               bf16 out
@@ -87,9 +88,16 @@ __host__ __device__ inline float fp8_scale(float amax, int emax) {
 // ---------------------------------------------------------------------------------------------
 // The cast pair: amax, then scale + cast (+ transpose).
 
-// amax = max |x| over the C first values of R rows ld apart (C and ld multiples of 8, x 16-byte
-// aligned) into meta's amax slot (meta[2]'s bits), zeroed before. A batch: blockIdx.y picks the
-// tensor, the tensors R ld apart in x, their metas 4 floats apart.
+// GELU: the value GPT-2's GELU of x takes in bf16, exactly as gelu_forward writes it (matmul.cuh).
+template <bool GELU> __device__ __forceinline__ float fp8_source(__nv_bfloat16 x) {
+    if constexpr (GELU) return __bfloat162float(__float2bfloat16(gelu_tanh(__bfloat162float(x))));
+    else return __bfloat162float(x);
+}
+
+// amax = max |x| (GELU: |GELU(x)| in bf16) over the C first values of R rows ld apart (C and ld
+// multiples of 8, x 16-byte aligned) into meta's amax slot (meta[2]'s bits), zeroed before. A batch:
+// blockIdx.y picks the tensor, the tensors R ld apart in x, their metas 4 floats apart.
+template <bool GELU = false>
 __global__ void __launch_bounds__(256) fp8_amax_kernel(float* meta, const __nv_bfloat16* x, size_t R, int C, int ld) {
     x += blockIdx.y * R * ld;
     const size_t per_row = C / 8, n = R * per_row;  // vectors of 8
@@ -97,7 +105,7 @@ __global__ void __launch_bounds__(256) fp8_amax_kernel(float* meta, const __nv_b
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
         const Vec128<__nv_bfloat16> v = Vec128<__nv_bfloat16>::load(x + i / per_row * ld + i % per_row * 8);
 #pragma unroll
-        for (int j = 0; j < 8; j++) m = max(m, abs_bits(__bfloat162float(v[j])));
+        for (int j = 0; j < 8; j++) m = max(m, abs_bits(fp8_source<GELU>(v[j])));
     }
     block_atomic_max<256>(reinterpret_cast<unsigned*>(meta + 4 * blockIdx.y + 2), m);
 }
@@ -110,14 +118,14 @@ template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b,
 }
 
 // x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s
-// amax; block (0, 0, z) also writes tensor z's meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale
-// pointer). R and C multiples of 16. A batch: blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q
+// amax (GELU: fp8(GELU(x) s), GELU(x) rounded to bf16 first); block (0, 0, z) also writes tensor z's
+// meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C multiples of 16. A batch: blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q
 // and qt, their metas 4 floats apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8
 // each (a row is 8 threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
 // thread t reads column t % 64 at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a
 // row: no bank conflict) and writes those 16 FP8 values as one 16-byte vector of qt's row.
 constexpr int kCastTile = 64;
-template <bool E5M2, bool kNatural, bool kTransposed>
+template <bool E5M2, bool kNatural, bool kTransposed, bool GELU = false>
 __global__ void __launch_bounds__(256)
     fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const __nv_bfloat16* x, int R, int C, int ld) {
     __shared__ __align__(16) __nv_bfloat16 tile[kCastTile][kCastTile];
@@ -132,7 +140,10 @@ __global__ void __launch_bounds__(256)
         const int v = threadIdx.x + 256 * i, row = v / 8, col = v % 8 * 8;
         const int r = r0 + row, c = c0 + col;
         if (r >= R || c >= C) continue;
-        const Vec128<__nv_bfloat16> in = Vec128<__nv_bfloat16>::load(x + size_t(r) * ld + c);
+        Vec128<__nv_bfloat16> in = Vec128<__nv_bfloat16>::load(x + size_t(r) * ld + c);
+        if constexpr (GELU)
+#pragma unroll
+            for (int j = 0; j < 8; j++) in[j] = __float2bfloat16(fp8_source<true>(in[j]));
         if (kTransposed) *reinterpret_cast<int4*>(&tile[row][col]) = *reinterpret_cast<const int4*>(in.v);
         if (kNatural) {
             float f[8];
@@ -195,18 +206,21 @@ inline std::string fp8_cast_refusal(const Fp8Tensor& t, const __nv_bfloat16* x, 
 }
 
 // The amax pass over `count` tensors (blocks shared out between them; their slots zeroed before), then
-// the cast of each.
-inline void fp8_amax_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, cudaStream_t stream) {
+// the cast of each; gelu: of GELU(x).
+inline void fp8_amax_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, cudaStream_t stream,
+                            bool gelu = false) {
     const size_t n = size_t(R) * C;
     const dim3 grid(std::max(1, elementwise_blocks(count * n / 8) / count), count);
-    fp8_amax_kernel<<<grid, 256, 0, stream>>>(t.meta, x, R, C, ld);
+    (gelu ? fp8_amax_kernel<true> : fp8_amax_kernel<false>)<<<grid, 256, 0, stream>>>(t.meta, x, R, C, ld);
     cuda_check_launch();
 }
 inline void fp8_cast_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, bool natural, bool transposed,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool gelu = false) {
     using Kernel = void (*)(uint8_t*, uint8_t*, float*, const __nv_bfloat16*, int, int, int);
     const bool e5m2 = t.fmt->type == CUDA_R_8F_E5M2;
-    const Kernel k = e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
+    const Kernel k = gelu ? (natural ? (transposed ? fp8_cast_kernel<false, true, true, true> : fp8_cast_kernel<false, true, false, true>)
+                                     : fp8_cast_kernel<false, false, true, true>)  // an activation: e4m3
+                   : e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
                                      : fp8_cast_kernel<true, false, true>)
                           : (natural ? (transposed ? fp8_cast_kernel<false, true, true> : fp8_cast_kernel<false, true, false>)
                                      : fp8_cast_kernel<false, false, true>);
@@ -218,18 +232,22 @@ inline void fp8_cast_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int
 // Quantizes x (R, C), rows ld apart (0: C): natural writes q, transposed writes qt. With
 // Fp8Amax::compute one read of x for the amax and one for the cast; with Fp8Amax::given the amax is
 // already in t's slot (fp8_amax_slot, then the kernel that wrote x) and only the cast reads x: the same
-// bytes and scale. "" when enqueued, or why not.
+// bytes and scale. gelu (e4m3 only): x is GELU's input, and the copies are those of GELU(x) as
+// gelu_forward would write it in bf16, the same bytes and scale as gelu_forward then fp8_quantize,
+// without the bf16 output's write and read (with Fp8Amax::given the slot must hold GELU(x)'s amax).
+// "" when enqueued, or why not.
 inline std::string fp8_quantize(Fp8Tensor& t, const __nv_bfloat16* x, int R, int C, bool natural, bool transposed,
-                                cudaStream_t stream = 0, int ld = 0, Fp8Amax amax = Fp8Amax::compute) {
+                                cudaStream_t stream = 0, int ld = 0, Fp8Amax amax = Fp8Amax::compute, bool gelu = false) {
     if (ld == 0) ld = C;
     const std::string why = fp8_cast_refusal(t, x, 1, R, C, ld, natural, transposed);
     if (!why.empty()) return why;
+    if (gelu && t.fmt->type != CUDA_R_8F_E4M3) fail("fp8_quantize: GELU's output is an activation, cast in e4m3");
     t.R = R, t.C = C;
     if (amax == Fp8Amax::compute) {
         fp8_amax_slot(t, stream);
-        fp8_amax_launch(t, x, 1, R, C, ld, stream);
+        fp8_amax_launch(t, x, 1, R, C, ld, stream, gelu);
     }
-    fp8_cast_launch(t, x, 1, R, C, ld, natural, transposed, stream);
+    fp8_cast_launch(t, x, 1, R, C, ld, natural, transposed, stream, gelu);
     return "";
 }
 

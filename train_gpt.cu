@@ -101,7 +101,8 @@ template <typename P> struct ActivationSet {
     P residual2;  // (L, B, T, C)  residual after attention: x + attproj, written by attproj's matmul
     P ln2;        // (L, B, T, Cp) as ln1, one layer with -f8 1 too
     P fch;        // (L, B, T, 4C) MLP hidden, before GELU
-    P fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) or -f8 1 one (B, T, 4C) buffer, rewritten per layer
+    P fch_gelu;   // (L, B, T, 4C) GELU output; with recompute (-r 1) one (B, T, 4C) buffer, rewritten per
+                  //               layer; none with -f8 1 (fcproj's FP8 cast applies GELU to fch)
     P residual3;  // (L, B, T, C)  residual after the MLP = input of the next layer, written by fcproj's matmul
     P lnf;        // (B, T, C)
     P logits;     // (min(B T, kLogitsChunkRows), Vp): one chunk of rows' logits at a time, overwritten by
@@ -154,14 +155,15 @@ __global__ void fill_ones_column_kernel(floatX* x, size_t rows, int C, int ld) {
 
 // With flash attention the (B, NH, T, T) tensors and the per-head scratch are not needed (size 0).
 // With recompute (GELU recomputed in the backward) fch_gelu holds one layer, not L. With fp8_inputs
-// (-f8 1) so do ln1, ln2 and fch_gelu: the backward's weight gradients read the FP8 copies of the
-// linear layers' inputs that the forward kept (Fp8Buffers::input), not these.
+// (-f8 1) so do ln1 and ln2, and fch_gelu is not kept at all: the backward's weight gradients read the
+// FP8 copies of the linear layers' inputs that the forward kept (Fp8Buffers::input), not these, and
+// fcproj's forward cast makes GELU's output from fch.
 inline void activation_sizes(const GPTConfig& c, int B, int T, bool flash, bool recompute, bool fp8_inputs, ActivationSet<size_t>& a,
                              StatSet<size_t>& s) {
     const size_t L = c.L, BT = size_t(B) * T, C = c.C, NH = c.NH, TT = flash ? 0 : size_t(T) * T, heads = flash ? 0 : 1;
-    const size_t LG = recompute || fp8_inputs ? 1 : L;  // layers of fch_gelu kept
-    const size_t LN = fp8_inputs ? 1 : L;               // layers of ln1 and ln2 kept
-    const size_t Cp = ln_ld(c.C);                       // ln1, ln2: rows with their column of ones
+    const size_t LG = fp8_inputs ? 0 : recompute ? 1 : L;  // layers of fch_gelu kept
+    const size_t LN = fp8_inputs ? 1 : L;                  // layers of ln1 and ln2 kept
+    const size_t Cp = ln_ld(c.C);                          // ln1, ln2: rows with their column of ones
     a.encoded = BT * C, a.ln1 = LN * BT * Cp, a.qkv = L * BT * 3 * C, a.atty = L * BT * C, a.att = L * B * NH * TT;
     a.residual2 = L * BT * C, a.ln2 = LN * BT * Cp, a.fch = L * BT * 4 * C, a.fch_gelu = LG * BT * 4 * C;
     a.residual3 = L * BT * C, a.lnf = BT * C, a.logits = logits_rows(BT) * c.Vp;
@@ -316,7 +318,8 @@ struct WeightStream {
 //              in turn (shared by the four kinds), and qt (L, C_in, B T), each block's transposed copy,
 //              written by the same cast in a forward that a backward follows and read by that block's
 //              weight gradient; meta per block. So the backward casts no input, and the bf16 inputs
-//              ln1, ln2 and fch_gelu are kept for one layer only (activation_sizes);
+//              ln1 and ln2 are kept for one layer only, fch_gelu not at all: fcproj's cast makes the
+//              GELU output's copies from fch (activation_sizes);
 //   dout[k]:   (B T, OC) e5m2, layer k's output gradient, natural (dinp) and transposed (dweight);
 //              one pair per layer of a block, so the weight stream may still read the block above's
 //              while this one's is cast (no waits beyond the bf16 path's).
@@ -468,8 +471,9 @@ inline void fp8_must(const std::string& why) {
 // this call compiles in both.
 template <typename T>
 void fp8_cast(Fp8Tensor& t, const T* x, int R, int C, bool natural, bool transposed, cudaStream_t stream = 0, int ld = 0,
-              Fp8Amax amax = Fp8Amax::compute) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) fp8_must(fp8_quantize(t, x, R, C, natural, transposed, stream, ld, amax));
+              Fp8Amax amax = Fp8Amax::compute, bool gelu = false) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        fp8_must(fp8_quantize(t, x, R, C, natural, transposed, stream, ld, amax, gelu));
     else fail("FP8 casts need a bf16 build");
 }
 template <typename T> void fp8_cast_batch(Fp8Tensor& t, const T* x, int count, int R, int C) {
@@ -564,8 +568,8 @@ inline void gpt_create_fp8(GPT& m, int B, int T) {
     }
     f.bytes = mem.bytes - before;
     f.on = true;
-    // No GELU fusion in FP8: the fc GEMM writes fch, gelu_forward makes fch_gelu, and fcproj's dinp is
-    // followed by gelu_backward_inplace, as with -ge 0.
+    // No GELU fusion in the GEMMs in FP8: the fc GEMM writes fch, fcproj's input cast applies GELU to it
+    // (linear_forward's fp8_gelu), and fcproj's dinp is followed by gelu_backward_inplace, as with -ge 0.
     m.settings.gelu_fusion = 0;
     gpt_cast_weights_fp8(m);
 }
@@ -712,19 +716,21 @@ template <typename T> void exp_head_forward_backward(GPT& m, T* logits, float* l
 // (Fp8Buffers::inputs_kept), the block's transposed one for its weight gradient, in the same pass;
 // the weight's were made when the weights changed. e4m3 x e4m3 with fast accumulation into bf16, the
 // bias in the epilogue and the residual as cuBLASLt's C (beta 1, out apart), as matmul_forward adds
-// them. No GELU fusion in FP8 (gpt_create_fp8 sets -ge 0).
+// them. No GELU fusion in the GEMMs in FP8 (gpt_create_fp8 sets -ge 0).
 // inp_amax: Fp8Amax::given where the kernel that wrote inp also wrote its amax (fp8_input_amax): the
-// cast then reads inp once, not twice.
+// cast then reads inp once, not twice. fp8_gelu (-f8 1 only): inp is GELU's input (fch), and the cast
+// makes the FP8 copies of GELU(inp) itself (fp8_quantize's gelu), so GELU's bf16 output is never
+// written.
 template <typename T>
 void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC,
-                    const MatmulForwardOptions<T>& options, Fp8Amax inp_amax = Fp8Amax::compute) {
+                    const MatmulForwardOptions<T>& options, Fp8Amax inp_amax = Fp8Amax::compute, bool fp8_gelu = false) {
     if (!m.fp8.on) {
         matmul_forward(out, inp, weight, bias, N, C, OC, options);
         return;
     }
     m.profiler.mark("fwd.fp8cast");
     Fp8Tensor input = fp8_input(m, k, l, N);
-    fp8_cast(input, inp, N, C, true, m.fp8.inputs_kept, 0, options.inp_ld, inp_amax);
+    fp8_cast(input, inp, N, C, true, m.fp8.inputs_kept, 0, options.inp_ld, inp_amax, fp8_gelu);
     m.profiler.mark("fwd.matmul");
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
         fp8_must(fp8_forward(out, input, fp8_weight(m, k, l), bias, true, 0, options.residual));
@@ -768,7 +774,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* residual2 = a.residual2 + l * btc;
         floatX* ln2 = a.ln2 + l * btcp;
         floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1, -f8 1: only for the next matmul
+        floatX* fch_gelu = one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul; -f8 1: none
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
@@ -792,13 +798,15 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         } else {
             linear_forward(m, kFc, l, fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
                            MatmulForwardOptions<floatX>().with_inp_ld(Cp), Fp8Amax::given);
-            prof.mark("fwd.gelu");
-            gelu_forward(fch_gelu, fch, 4 * btc, 0, fp8_input_amax(m, kFcproj, l));
+            if (!m.fp8.on) {  // -f8 1: fcproj's cast applies GELU to fch itself
+                prof.mark("fwd.gelu");
+                gelu_forward(fch_gelu, fch, 4 * btc);
+            }
         }
         prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
-        linear_forward(m, kFcproj, l, residual3, fch_gelu, p.fcprojw + size_t(l) * 4 * C * C, p.fcprojb + size_t(l) * C, BT, 4 * C,
-                       C, MatmulForwardOptions<floatX>().with_residual(residual2),
-                       Fp8Amax::given);  // FP8 runs -ge 0: gelu_forward wrote it (the bf16 path ignores it)
+        linear_forward(m, kFcproj, l, residual3, m.fp8.on ? fch : fch_gelu, p.fcprojw + size_t(l) * 4 * C * C,
+                       p.fcprojb + size_t(l) * C, BT, 4 * C, C, MatmulForwardOptions<floatX>().with_residual(residual2),
+                       Fp8Amax::compute, m.fp8.on);
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
             layernorm_forward(a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
@@ -1000,6 +1008,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         prof.mark("bwd.matmul");
         wgrad_wait(m, kReadDbig);  // the layer above's fc weight gradients read dbig
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
+        // (-f8 1 reads the GELU output's FP8 copy that the forward kept, not fch_gelu, which it has not)
         linear_backward(m, kFcproj, l, a.dbig, g.fcprojw + fc_w, none, a.dresidual, fch_gelu, p.fcprojw + fc_w, BT, 4 * C, C,
                         gelu_fusion >= 2 ? fch : none, kReadMlpDresidual, 0, given);
         if (gelu_fusion < 2) {
@@ -1882,8 +1891,8 @@ static void print_setup(const Run& r) {
         size_t weights = 0, inputs = 4 * m.fp8.input[0].capacity, douts = 0;  // the shared natural copy, B T 4C
         for (int k = 0; k < 4; k++)
             weights += 2 * m.fp8.weight[k].capacity, inputs += size_t(c.L) * m.fp8.input[k].capacity, douts += 2 * m.fp8.dout[k].capacity;
-        fp8_text = strf(" (-f8 1: %.2f GiB of it FP8 copies: weights %.2f, layer inputs %.2f, output gradients %.2f; ln1, ln2 and the GELU "
-                        "output in bf16 for one layer, not L)",
+        fp8_text = strf(" (-f8 1: %.2f GiB of it FP8 copies: weights %.2f, layer inputs %.2f, output gradients %.2f; ln1 and ln2 in bf16 for "
+                        "one layer, not L, and no GELU output)",
                         m.fp8.bytes / 1073741824.0, weights / 1073741824.0, inputs / 1073741824.0, douts / 1073741824.0);
     }
     printf("memory: %.2f GiB allocated for parameters, optimizer state, activations and scratch%s%s\n", m.memory.bytes / 1073741824.0,

@@ -697,6 +697,44 @@ void check_given_amax(TestCounter& tests, bool gpu, Rng& rng) {
     tests.record(ok);
 }
 
+// fp8_quantize's gelu (train_gpt -f8 1 casts fcproj's input from fch so): GELU's input x in, the FP8
+// copies of GELU(x) out, against gelu_forward's bf16 output cast by fp8_quantize: every byte of both
+// copies and the scale, and nothing written past the tensor. x in [-6, 6] spans GELU's negative dip,
+// zero crossing and near-linear tail.
+void check_gelu_cast(TestCounter& tests, bool gpu, Rng& rng) {
+    struct Case {
+        int R, C;
+        bool natural, transposed;
+    };
+    const Case cases[] = {{64, 3072, true, true}, {208, 144, true, true}, {16, 6400, true, false}, {1024, 48, false, true}};
+    for (const Case& c : cases) {
+        const std::string what = strf("GELU cast %d x %d%s%s", c.R, c.C, c.natural ? " natural" : "", c.transposed ? " transposed" : "");
+        if (!gpu) {
+            tests.skip(what.c_str());
+            continue;
+        }
+        const size_t n = size_t(c.R) * c.C;
+        std::vector<bf16> x(n);
+        fill_uniform(x, -6.0f, 6.0f, rng);
+        DeviceBuffer<bf16> dx(n, "GELU input"), dy(n, "GELU output");
+        dx.upload(x);
+        dy.poison();
+        LabFp8Tensor fused(kE4M3, n), plain(kE4M3, n);
+        fused.poison(), plain.poison();
+        std::string why = fp8_quantize(fused, dx.ptr, c.R, c.C, c.natural, c.transposed, 0, 0, Fp8Amax::compute, true);
+        gelu_forward(dy.ptr, (const bf16*)dx.ptr, n);
+        if (why.empty()) why = fp8_quantize(plain, dy.ptr, c.R, c.C, c.natural, c.transposed);
+        cuda_check(cudaDeviceSynchronize());
+        const CastBytes a = cast_bytes(fused), b = cast_bytes(plain);
+        const bool guards = guard_intact(a.q, n) && guard_intact(a.qt, n);
+        const bool ok = why.empty() && same_cast(a, b) && guards;
+        printf("  %-44s %s %sFP8 copies and scale %s gelu_forward's output cast; amax %.6g; guards %s\n", what.c_str(), ok ? "ok  " : "FAIL",
+               why.empty() ? "" : ("REFUSED: " + why + "; ").c_str(), same_cast(a, b) ? "the same as" : "DIFFERENT from", a.meta[2],
+               guards ? "intact" : "WRITTEN");
+        tests.record(ok);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPT-2's layers at full size: checked against the bf16 GEMMs, then timed.
 
@@ -976,8 +1014,10 @@ int main(int argc, char** argv) {
     check_refusals(tests, gpu);
     printf("\nbatched casts (a layer kind's weights) against fp8_quantize one by one:\n");
     check_batched_casts(tests, gpu, rng);
-    printf("\namax written by the producer (LayerNorm, GELU), the cast taking it as given:\n");
+    printf("\namax written by the producer (LayerNorm, GELU, GELU's backward), the cast taking it as given:\n");
     check_given_amax(tests, gpu, rng);
+    printf("\nthe cast applying GELU (fp8_quantize's gelu) against gelu_forward, then the cast:\n");
+    check_gelu_cast(tests, gpu, rng);
 
     std::vector<BlockSummary> blocks;
     auto gpt2 = [&](int N, bool timing) {
