@@ -140,16 +140,15 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // FP8's amax (fp8.cuh) is a max over the bits of |x|: non-negative floats order as their bits do (a
 // NaN's above every number), so the max is the same bits in any order, atomics included. The
-// producers that write a tensor's amax beside it (layernorm_forward, gelu_forward) and the FP8 amax
-// kernel share these two.
+// producers that write a tensor's amax beside it (layernorm_forward and _backward, gelu_forward and
+// gelu_backward_inplace) and the FP8 amax kernel share these two.
 __device__ __forceinline__ unsigned abs_bits(float x) { return __float_as_uint(fabsf(x)); }
 // *dst = max(*dst, v over the block's BLOCK threads): one atomicMax per block. Every thread of the
 // block calls it (a barrier inside).
 template <int BLOCK> __device__ __forceinline__ void block_atomic_max(unsigned* dst, unsigned v) {
     static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "whole warps, at most 1024 threads");
     __shared__ unsigned warp_max_bits[BLOCK / 32];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    v = __reduce_max_sync(0xffffffffu, v);  // sm_80+: one instruction for the warp's unsigned max
     if (threadIdx.x % 32 == 0) warp_max_bits[threadIdx.x / 32] = v;
     __syncthreads();
     if (threadIdx.x == 0) {

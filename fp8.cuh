@@ -119,8 +119,9 @@ template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b,
 
 // x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s
 // amax (GELU: fp8(GELU(x) s), GELU(x) rounded to bf16 first); block (0, 0, z) also writes tensor z's
-// meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C multiples of 16. A batch: blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q
-// and qt, their metas 4 floats apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8
+// meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C multiples of 16. A batch:
+// blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q and qt, their metas 4 floats
+// apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8
 // each (a row is 8 threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
 // thread t reads column t % 64 at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a
 // row: no bank conflict) and writes those 16 FP8 values as one 16-byte vector of qt's row.
@@ -218,6 +219,7 @@ inline void fp8_cast_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int
                             cudaStream_t stream, bool gelu = false) {
     using Kernel = void (*)(uint8_t*, uint8_t*, float*, const __nv_bfloat16*, int, int, int);
     const bool e5m2 = t.fmt->type == CUDA_R_8F_E5M2;
+    if (gelu && e5m2) fail("fp8 cast: GELU's output is an activation, cast in e4m3");
     const Kernel k = gelu ? (natural ? (transposed ? fp8_cast_kernel<false, true, true, true> : fp8_cast_kernel<false, true, false, true>)
                                      : fp8_cast_kernel<false, false, true, true>)  // an activation: e4m3
                    : e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
@@ -232,16 +234,16 @@ inline void fp8_cast_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int
 // Quantizes x (R, C), rows ld apart (0: C): natural writes q, transposed writes qt. With
 // Fp8Amax::compute one read of x for the amax and one for the cast; with Fp8Amax::given the amax is
 // already in t's slot (fp8_amax_slot, then the kernel that wrote x) and only the cast reads x: the same
-// bytes and scale. gelu (e4m3 only): x is GELU's input, and the copies are those of GELU(x) as
-// gelu_forward would write it in bf16, the same bytes and scale as gelu_forward then fp8_quantize,
-// without the bf16 output's write and read (with Fp8Amax::given the slot must hold GELU(x)'s amax).
-// "" when enqueued, or why not.
+// bytes and scale. gelu (e4m3, Fp8Amax::compute): x is GELU's input, and the copies are those of
+// GELU(x) as gelu_forward would write it in bf16, the same bytes and scale as gelu_forward then
+// fp8_quantize, without the bf16 output's write and read. "" when enqueued, or why not.
 inline std::string fp8_quantize(Fp8Tensor& t, const __nv_bfloat16* x, int R, int C, bool natural, bool transposed,
                                 cudaStream_t stream = 0, int ld = 0, Fp8Amax amax = Fp8Amax::compute, bool gelu = false) {
     if (ld == 0) ld = C;
     const std::string why = fp8_cast_refusal(t, x, 1, R, C, ld, natural, transposed);
     if (!why.empty()) return why;
-    if (gelu && t.fmt->type != CUDA_R_8F_E4M3) fail("fp8_quantize: GELU's output is an activation, cast in e4m3");
+    if (gelu && (t.fmt->type != CUDA_R_8F_E4M3 || amax != Fp8Amax::compute))
+        fail("fp8_quantize: GELU's output is cast in e4m3, with the amax of its own pass");
     t.R = R, t.C = C;
     if (amax == Fp8Amax::compute) {
         fp8_amax_slot(t, stream);
@@ -326,26 +328,7 @@ inline std::string fp8_gemm(const Fp8Gemm& g, cudaStream_t stream = 0) {
         cublas_check(cublasLtMatrixLayoutCreate(&plan.a, g.a_fmt->type, g.k, g.m, g.k));
         cublas_check(cublasLtMatrixLayoutCreate(&plan.b, g.b_fmt->type, g.k, g.n, g.k));
         cublas_check(cublasLtMatrixLayoutCreate(&plan.d, g.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, g.m, g.n, g.m));  // C's too
-        cublasLtMatmulPreference_t pref;
-        cublas_check(cublasLtMatmulPreferenceCreate(&pref));
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
-                                                          sizeof(b.workspace_bytes)));
-        const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_c, (uint32_t)align_d};
-        const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        for (int i = 0; i < 4; i++)
-            cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
-        cublasLtMatmulHeuristicResult_t heuristic[kMatmulTuneCandidates];
-        int found = 0;
-        if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kMatmulTuneCandidates, heuristic,
-                                           &found) != CUBLAS_STATUS_SUCCESS)
-            found = 0;
-        cublas_check(cublasLtMatmulPreferenceDestroy(pref));
-        for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
-        plan.heuristic_count = plan.candidates.size();
-        plan.m = g.m, plan.n = g.n, plan.k = g.k, plan.epilogue = epilogue;
-        if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
+        matmul_plan_candidates(plan, g.m, g.n, g.k, epilogue, align_a, align_b, align_c, align_d);
     }
     if (!plan.has_algo)
         return strf("cuBLASLt offers no FP8 algorithm for m %d n %d k %d, %s x %s -> %s", g.m, g.n, g.k, g.a_fmt->name, g.b_fmt->name,

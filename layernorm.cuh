@@ -121,7 +121,7 @@ template <typename T, int WPR> __host__ __device__ constexpr int forward_block_t
 }
 
 // AMAX: also *amax_bits = max(*amax_bits, the bits of |y| over every y written, as stored in T), FP8's
-// amax of out (fp8.cuh); a template argument, so that the kernel without it is the code it was.
+// amax of out (fp8.cuh); a template argument: with AMAX = false the kernel has no trace of it.
 template <typename T, int WPR, bool AMAX = false>
 __global__ void __launch_bounds__(forward_block_threads<T, WPR>())
     layernorm_forward_vec_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
@@ -249,8 +249,8 @@ template <int WPR, bool COLSUM> __host__ __device__ constexpr size_t backward_co
 // COLSUM: also sums the dx it writes over its rows (partial row section [2C, 3C)); see the top comment.
 // AMAX: also *amax_bits = max(*amax_bits, the bits of |dx| over every dx written, as stored in T), FP8's
 // amax of dinp (fp8.cuh): one running max per thread over its rows (a single register: the kernel is
-// register-tight), one atomicMax per block at the end. A template argument, so that the kernel without
-// it is the code it was.
+// register-tight), one atomicMax per block at the end. A template argument: with AMAX = false the
+// kernel has no trace of it.
 template <typename T, int WPR, bool PREFETCH, bool COLSUM = false, bool AMAX = false>
 __global__ void __launch_bounds__(backward_block_threads<WPR>(), 1)
     layernorm_backward_vec_kernel(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
@@ -591,7 +591,10 @@ template <typename T> constexpr bool kBackwardPrefetch = sizeof(T) == 2;
 // (dweight, dbias, with COLSUM the dx column sums) when it has several rows, plus the staging of the
 // rows in flight, plus with COLSUM the threads' column sums; above the default 48 KiB a kernel must
 // opt in, which this does. Largest: bf16 with COLSUM at C = 4096, 184 KiB (Hopper allows 227). The
-// occupancy is that of the instantiation that runs (AMAX's may differ in registers and static smem).
+// grid is the one without AMAX's, whatever runs, so that the amax option cannot move the partial sums'
+// count and with it dweight's and dbias's bits (AMAX's 64 more bytes of static shared memory and its
+// register leave the same one block an SM on Hopper; where they did not, its blocks would queue, as
+// the grid-stride loop allows).
 struct BackwardShape {
     int grid;
     size_t smem;
@@ -603,9 +606,13 @@ inline BackwardShape backward_vec_shape(int N, int C) {
     const size_t smem = (ROWS > 1 ? size_t(SECTIONS) * C * sizeof(float) : 0) + backward_stage_bytes<T, WPR, PREFETCH>() +
                         backward_colsum_bytes<WPR, COLSUM>();
     auto kernel = layernorm_backward_vec_kernel<T, WPR, PREFETCH, COLSUM, AMAX>;
-    if (smem > 48 * 1024) cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    auto sizing = layernorm_backward_vec_kernel<T, WPR, PREFETCH, COLSUM, false>;
+    if (smem > 48 * 1024) {
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cuda_check(cudaFuncSetAttribute(sizing, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
     int per_sm = 0;
-    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BLOCK, smem));
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sizing, BLOCK, smem));
     const int groups = (N + ROWS - 1) / ROWS;
     return {std::max(1, std::min(groups, std::max(1, per_sm) * device_sm_count())), smem};
 }
@@ -687,13 +694,11 @@ void backward_launch(T* dinp, T* dweight, T* dbias, void* scratch, const T* dout
         amax_bits ? launch(no(), yes()) : launch(no(), no());
 }
 
-// Floats of partials a vector-path launch writes, with and without the column sums, with and without
-// the amax (the largest: the grid follows the occupancy of the instantiation that runs).
+// Floats of partials a vector-path launch writes, with and without the column sums (the larger; the
+// amax option does not change the grid).
 template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(int N, int C, int wpr) {
-    return std::max({size_t(backward_vec_shape_any<T, PREFETCH, false>(N, C, wpr).grid) * 2 * C,
-                     size_t(backward_vec_shape_any<T, PREFETCH, true>(N, C, wpr).grid) * 3 * C,
-                     size_t(backward_vec_shape_any<T, PREFETCH, false, true>(N, C, wpr).grid) * 2 * C,
-                     size_t(backward_vec_shape_any<T, PREFETCH, true, true>(N, C, wpr).grid) * 3 * C});
+    return std::max(size_t(backward_vec_shape_any<T, PREFETCH, false>(N, C, wpr).grid) * 2 * C,
+                    size_t(backward_vec_shape_any<T, PREFETCH, true>(N, C, wpr).grid) * 3 * C);
 }
 
 }  // namespace layernorm_detail
@@ -707,8 +712,8 @@ template <typename T, bool PREFETCH> inline size_t backward_vec_partial_floats(i
 //           row are left as they are (train_gpt keeps a column of ones there, matmul_backward_weight_bias).
 //   amax_bits: *amax_bits = max(*amax_bits, the bits of |y| over the N C values written, as stored in
 //           T): the amax of out that FP8's cast needs (fp8.cuh's fp8_amax_slot, zeroed by the caller),
-//           so that it need not read out again. One atomicMax per block. Null: the kernels as they were
-//           (AMAX is a template argument: the kernels without it are unchanged).
+//           so that it need not read out again. One atomicMax per block. Null: kernels without a trace
+//           of it (AMAX is a template argument).
 struct LayerNormForwardOptions {
     int out_ld = 0;
     unsigned* amax_bits = nullptr;
@@ -732,7 +737,8 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
 }
 
 // Bytes of scratch layernorm_backward needs for these shapes on the current device, with or without
-// next_dbias (the larger of the paths' needs, since the path also depends on pointer alignment).
+// next_dbias (the larger of the paths' needs, since the path also depends on pointer alignment; the
+// amax option needs none more).
 // Caller allocates; no zeroing.
 inline size_t layernorm_backward_scratch_bytes(int N, int C) {
     using namespace layernorm_detail;
@@ -752,8 +758,8 @@ inline size_t layernorm_backward_scratch_bytes(int N, int C) {
 //   amax_bits: *amax_bits = max(*amax_bits, the bits of |dinp| over the N C values this call writes (the
 //           updated dinp, as stored in T)): the amax of dinp that FP8's cast needs (fp8.cuh's
 //           fp8_amax_slot, zeroed by the caller), so that it need not read dinp again. One atomicMax per
-//           block. Null: the kernels as they were (AMAX is a template argument: the kernels without it
-//           are unchanged).
+//           block. Null: kernels without a trace of it (AMAX is a template argument), and the same grid
+//           either way, so the same bits.
 template <typename T> struct LayerNormBackwardOptions {
     T* next_dbias = nullptr;
     unsigned* amax_bits = nullptr;

@@ -223,7 +223,7 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
 }
 
 // AMAX: also *amax_bits = max(*amax_bits, the bits of |y| over every y written, as stored in T), FP8's
-// amax of out (blocks of 256 threads); a template argument, so that the kernel without it is the code it was.
+// amax of out (blocks of 256 threads); a template argument: with AMAX = false the kernel has no trace of it.
 template <typename T, int VS, bool AMAX = false> __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n, unsigned* amax_bits) {
     unsigned amax = 0;
     for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
@@ -435,6 +435,35 @@ inline void matmul_config_space(std::vector<cublasLtMatmulAlgo_t>& out, cublasLt
         }
 }
 
+// The heuristic's candidates for a plan whose descriptor and layouts are made (C's layout is D's):
+// asked with the workspace and the operands' alignments in bytes, first choice first, into
+// plan.candidates; plan.algo is the first choice (has_algo: there was one). The bf16 and FP8 plans
+// (fp8.cuh) share it.
+inline void matmul_plan_candidates(MatmulPlan& plan, int m, int n, int k, cublasLtEpilogue_t epilogue, int align_a, int align_b,
+                                   int align_c, int align_d) {
+    BlasContext& b = blas();
+    cublasLtMatmulPreference_t pref;
+    cublas_check(cublasLtMatmulPreferenceCreate(&pref));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
+                                                      sizeof(b.workspace_bytes)));
+    const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_c, (uint32_t)align_d};
+    const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
+    cublasLtMatmulHeuristicResult_t heuristic[kMatmulTuneCandidates];
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kMatmulTuneCandidates,
+                                       heuristic, &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
+    for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
+    plan.heuristic_count = plan.candidates.size();
+    plan.m = m, plan.n = n, plan.k = k, plan.epilogue = epilogue;
+    if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
+}
+
 // Column-major D (m, n) = op(A) op(B) (+ C), op(A) = A^T (A stored (k, m), ld k) or A (stored (m, k), ld m);
 // op(B) = B (stored (k, n), ld ldb, default k) or B^T (stored (n, k), ld n); C (optional: apart from D,
 // or D itself for D += op(A) op(B)), D and aux stored (m, n), ld m. A, B, aux and bias are T; C and D
@@ -481,28 +510,9 @@ MatmulPlan& matmul_plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n
     if (tb == CUBLAS_OP_T) cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, n, k, ldb));
     else cublas_check(cublasLtMatrixLayoutCreate(&plan.b, type, k, n, ldb));
     cublas_check(cublasLtMatrixLayoutCreate(&plan.d, cuda_data_type<TD>(), m, n, m));
-    cublasLtMatmulPreference_t pref;
-    cublas_check(cublasLtMatmulPreferenceCreate(&pref));
-    cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &b.workspace_bytes,
-                                                      sizeof(b.workspace_bytes)));
-    const uint32_t aligns[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)(C ? align_c : align_d), (uint32_t)align_d};
-    const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++)
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i])));
-    cublasLtMatmulHeuristicResult_t heuristic[kMatmulTuneCandidates];
-    int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(b.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, kMatmulTuneCandidates,
-                                       heuristic, &found) != CUBLAS_STATUS_SUCCESS)
-        found = 0;
-    for (int i = 0; i < found; i++) plan.candidates.push_back(heuristic[i].algo);
-    plan.heuristic_count = plan.candidates.size();
-    plan.m = m, plan.n = n, plan.k = k, plan.epilogue = epilogue;
-    if (found > 0) plan.algo = heuristic[0].algo, plan.has_algo = true;
-    if (found > 0 && b.tune_wide)
+    matmul_plan_candidates(plan, m, n, k, epilogue, align_a, align_b, C ? align_c : align_d, align_d);
+    if (plan.has_algo && b.tune_wide)
         matmul_config_space(plan.candidates, plan.desc, plan.a, plan.b, plan.d, b.tune_wide_max);
-    cublas_check(cublasLtMatmulPreferenceDestroy(pref));
     return plan;
 }
 

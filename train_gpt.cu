@@ -212,6 +212,10 @@ struct GPTSettings {
     bool inference = false;                 // forward only (generation): no gradients or optimizer state
 };
 
+// -f8 1 takes the FP8 path in a model that trains (gpt_create_fp8 turns it on or refuses the run): the
+// one decision that both the activations' sizes and the FP8 buffers follow.
+inline bool gpt_fp8_wanted(const GPTSettings& s) { return s.fp8 && !s.inference; }
+
 // Every device allocation of the model, freed together.
 struct DeviceMemory {
     std::vector<void*> blocks;
@@ -310,8 +314,8 @@ struct WeightStream {
 // FP8 linear layers (-f8 1, fp8.cuh): each block's four linear layers run their three GEMMs in FP8,
 // forward e4m3 x e4m3 (fast accumulation), dinp e4m3 weight x e5m2 dout and dweight e4m3 inp x e5m2
 // dout (fp32 promotion), every output bf16 as in the bf16 path; one scale per tensor from its amax now.
-// LayerNorm, attention, GELU, the residual stream, the LM head and AdamW are the bf16 path's. The
-// buffers, allocated only with -f8 1:
+// LayerNorm, attention, GELU's backward, the residual stream, the LM head and AdamW are the bf16 path's
+// (GELU's forward is computed by fcproj's input cast). The buffers, allocated only with -f8 1:
 //   weight[k]: (L, OC, C) e4m3 copies of layer k's weights and their transposes (L, C, OC), made
 //              when the weights change (gpt_cast_weights_fp8), not per micro-batch;
 //   input[k]:  layer k's input in e4m3: q (B T, C_in), one buffer that every layer's forward GEMM reads
@@ -323,13 +327,13 @@ struct WeightStream {
 //   dout[k]:   (B T, OC) e5m2, layer k's output gradient, natural (dinp) and transposed (dweight);
 //              one pair per layer of a block, so the weight stream may still read the block above's
 //              while this one's is cast (no waits beyond the bf16 path's).
-// The layer inputs' transposed copies are B T 7C bytes a block, against the 2 (2 Cp + 4C) B T bytes of
-// ln1, ln2 and fch_gelu in bf16 that -f8 1 no longer keeps.
+// The layer inputs' transposed copies are B T 7C bytes a block, against the 2 (2 Cp + 4C) B T bytes a
+// block of ln1, ln2 and fch_gelu in bf16 that -f8 1 does not keep.
 enum LinearLayer { kQkv, kAttproj, kFc, kFcproj };
 constexpr int kLinearIn[4] = {1, 1, 1, 4}, kLinearOut[4] = {3, 1, 4, 1};  // each layer's C and OC, in units of C
 struct Fp8Buffers {
     bool on = false;
-    bool inputs_kept = false;  // the last forward wrote the inputs' transposed copies (it had a dloss)
+    int kept_rows = 0;         // B T of the last forward if it wrote the inputs' transposed copies (it had a dloss), else 0
     Fp8Tensor weight[4];       // per LinearLayer; fp8_weight views one block's
     Fp8Tensor input[4];        // per LinearLayer; fp8_input views one block's
     Fp8Tensor dout[4];         // per LinearLayer
@@ -410,7 +414,7 @@ inline void gpt_create_activations(GPT& m, int B, int T) {
     act.B = B, act.T = T;
     ActivationSet<size_t> act_sizes;
     StatSet<size_t> stat_sizes;
-    const bool fp8_inputs = m.settings.fp8 && !m.settings.inference;  // gpt_create_fp8 follows (or refuses)
+    const bool fp8_inputs = gpt_fp8_wanted(m.settings);  // gpt_create_fp8 follows (or refuses)
     activation_sizes(m.config, B, T, m.flash, m.settings.recompute != 0, fp8_inputs, act_sizes, stat_sizes);
     carve<floatX>(act.acts, act_sizes, mem.alloc<floatX>(carve<floatX>(act.acts, act_sizes, nullptr), "activations"));
     carve<float>(act.stats, stat_sizes, mem.alloc<float>(carve<float>(act.stats, stat_sizes, nullptr), "LayerNorm statistics and losses"));
@@ -504,7 +508,7 @@ inline Fp8Tensor fp8_input(const GPT& m, LinearLayer k, int l, int N) {
 }
 
 // -f8 1: the amax slot of block l's input of layer k, zeroed, for the kernel that writes that input
-// (LayerNorm 1 and 2, GELU) to fill as it writes, so that the cast need not read the input twice
+// (LayerNorm 1 and 2) to fill as it writes, so that the cast need not read the input twice
 // (linear_forward with Fp8Amax::given). Null without FP8: the kernels as the bf16 path runs them.
 inline unsigned* fp8_input_amax(GPT& m, LinearLayer k, int l) {
     if (!m.fp8.on) return nullptr;
@@ -584,7 +588,7 @@ inline void gpt_create(GPT& m, const HostModel& host, int B, int T, const GPTSet
     gpt_create_weights(m, host);
     gpt_create_activations(m, B, T);
     blas_init(std::max<size_t>(size_t(B) * T, 1));
-    if (settings.fp8 && !settings.inference) gpt_create_fp8(m, B, T);
+    if (gpt_fp8_wanted(settings)) gpt_create_fp8(m, B, T);  // FP8 on, or the run refused
     cuda_check(cudaDeviceSynchronize());
 }
 
@@ -713,7 +717,7 @@ template <typename T> void exp_head_forward_backward(GPT& m, T* logits, float* l
 // One linear layer's forward, layer k of block l: matmul_forward, or with -f8 1 its FP8 GEMM. Then
 // inp's e4m3 copies are cast here from its C values (a LayerNorm output's rows, options.inp_ld
 // apart, end in its column of ones): the natural one for this GEMM and, where a backward follows
-// (Fp8Buffers::inputs_kept), the block's transposed one for its weight gradient, in the same pass;
+// (Fp8Buffers::kept_rows), the block's transposed one for its weight gradient, in the same pass;
 // the weight's were made when the weights changed. e4m3 x e4m3 with fast accumulation into bf16, the
 // bias in the epilogue and the residual as cuBLASLt's C (beta 1, out apart), as matmul_forward adds
 // them. No GELU fusion in the GEMMs in FP8 (gpt_create_fp8 sets -ge 0).
@@ -730,7 +734,7 @@ void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T*
     }
     m.profiler.mark("fwd.fp8cast");
     Fp8Tensor input = fp8_input(m, k, l, N);
-    fp8_cast(input, inp, N, C, true, m.fp8.inputs_kept, 0, options.inp_ld, inp_amax, fp8_gelu);
+    fp8_cast(input, inp, N, C, true, m.fp8.kept_rows != 0, 0, options.inp_ld, inp_amax, fp8_gelu);
     m.profiler.mark("fwd.matmul");
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
         fp8_must(fp8_forward(out, input, fp8_weight(m, k, l), bias, true, 0, options.residual));
@@ -753,16 +757,16 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     const size_t btc = size_t(BT) * C;
     const int Cp = ln_ld(C);
     const size_t btcp = m.fp8.on ? 0 : size_t(BT) * Cp;  // one layer of ln1 / ln2 (-f8 1: they keep one)
-    const bool one_gelu = m.settings.recompute != 0 || m.fp8.on;  // fch_gelu keeps one layer
+    const bool one_gelu = m.settings.recompute != 0;  // fch_gelu keeps one layer (-f8 1: none)
     const int gelu_fusion = m.settings.gelu_fusion;
-    m.fp8.inputs_kept = m.fp8.on && targets && dloss != 0.0f;  // a backward follows
+    m.fp8.kept_rows = m.fp8.on && targets && dloss != 0.0f ? BT : 0;  // a backward follows
 
     Profiler& prof = m.profiler;
     prof.mark("fwd.encoder");
     encoder_forward(a.encoded, m.batch.inputs, p.wte, p.wpe, B, T, C);
     prof.mark("fwd.layernorm");
-    // -f8 1: LayerNorm 1 and 2 and GELU also write the amax of what they write into the FP8 layer
-    // input's slot (fp8_input_amax), which the next linear layer's cast takes as given.
+    // -f8 1: LayerNorm 1 and 2 also write the amax of what they write into the FP8 layer input's slot
+    // (fp8_input_amax), which the next linear layer's cast takes as given.
     layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C,
                       LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m, kQkv, 0)));
     for (int l = 0; l < L; l++) {
@@ -774,7 +778,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* residual2 = a.residual2 + l * btc;
         floatX* ln2 = a.ln2 + l * btcp;
         floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul; -f8 1: none
+        floatX* fch_gelu = m.fp8.on ? nullptr : one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
@@ -966,12 +970,14 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
     const size_t btc = size_t(BT) * C;
     const int Cp = ln_ld(C);
     const size_t btcp = m.fp8.on ? 0 : size_t(BT) * Cp;  // one layer of ln1 / ln2 (-f8 1: they keep one)
-    const bool recompute = m.settings.recompute != 0 && !m.fp8.on;  // -f8 1 reads fch_gelu's FP8 copy
-    const bool one_gelu = m.settings.recompute != 0 || m.fp8.on;
+    const bool recompute = m.settings.recompute != 0 && !m.fp8.on;  // -f8 1 reads GELU(fch)'s FP8 copy
+    const bool one_gelu = m.settings.recompute != 0;
     const int gelu_fusion = m.settings.gelu_fusion;
     const bool reduce = last_micro_batch && m.dp.multi();
     floatX* const none = nullptr;
-    if (m.fp8.on && !m.fp8.inputs_kept) fail("gpt_backward: -f8 1 and the last forward had no dloss (its inputs' FP8 copies were not kept)");
+    if (m.fp8.on && m.fp8.kept_rows != BT)
+        fail("gpt_backward: -f8 1 needs the last forward to have had a dloss and the same %d rows (its inputs' FP8 copies: %d rows)",
+             BT, m.fp8.kept_rows);
     // -f8 1: the LayerNorm backwards and GELU's write the amax of the output gradients they make
     // (dresidual: fcproj's and attproj's dout; dbig: fc's) into its slot, for the cast to take as given;
     // dqkv's cast computes its own.
@@ -996,7 +1002,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         const floatX* residual2 = a.residual2 + l * btc;
         const floatX* ln2 = a.ln2 + l * btcp;
         const floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;
+        floatX* fch_gelu = m.fp8.on ? nullptr : one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -f8 1: none
         const size_t fc_w = size_t(l) * 4 * C * C;
 
         // MLP. dresidual is the gradient of residual3 = residual2 + fcproj, so also of fcproj.
@@ -1017,7 +1023,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         }
         prof.mark("bwd.matmul");
         linear_backward(m, kFc, l, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
-                        kReadDbig, Cp, given);
+                        kReadDbig, Cp, gelu_fusion < 2 ? given : Fp8Amax::compute);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadMlpDresidual);
