@@ -288,7 +288,8 @@ template <typename T, typename Launch> void gelu_launch(size_t n, bool aligned16
 }
 
 // out = gelu(inp), n values. amax_bits (null: none): *amax_bits = max(*amax_bits, the bits of |out|
-// as stored), the amax FP8's cast of out needs (fp8.cuh's fp8_amax_slot, zeroed by the caller).
+// as stored), the amax an FP8 cast of out would need (fp8.cuh's fp8_amax_slot, zeroed by the caller;
+// train_gpt -f8 1 casts GELU's output from its input instead, fp8_quantize's gelu).
 template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0, unsigned* amax_bits = nullptr) {
     gelu_launch<T>(n, is_aligned16(out) && is_aligned16(inp), amax_bits != nullptr, [&](auto vs, auto amax, int blocks) {
         gelu_forward_kernel<T, decltype(vs)::value, decltype(amax)::value><<<blocks, 256, 0, stream>>>(out, inp, n, amax_bits);

@@ -206,7 +206,7 @@ constexpr int OVERLAP_DEFAULT = 1;
 struct GPTSettings {
     bool flash = true;  // flash attention where it runs (bf16 builds, head sizes with its tensor-core path)
     int gelu_fusion = GELU_FUSION_DEFAULT;  // GELU in cuBLASLt epilogues: 0 none, 1 forward, 2 forward and backward
-    int recompute = RECOMPUTE_DEFAULT;      // 1: fch_gelu holds one layer, the backward recomputes it from fch
+    int recompute = RECOMPUTE_DEFAULT;      // 1: fch_gelu holds one layer, the backward recomputes it from fch (-f8 1: no-op)
     bool overlap = OVERLAP_DEFAULT;         // the backward's weight gradients on their own stream
     bool fp8 = false;                       // the blocks' linear layers in FP8 (-f8 1, bf16 builds; Fp8Buffers)
     bool inference = false;                 // forward only (generation): no gradients or optimizer state
@@ -1398,7 +1398,7 @@ static void usage(const Options& d) {
            "              2 = forward and backward (default %d; fp32 builds, the exact reference, keep 0)\n"
            "  -r <0|1>    1 = recompute GELU in the backward instead of keeping it: saves (L-1)*B*T*4C activations\n"
            "              (4.1 GiB at d12 B=64 bf16) for ~2.5%% of the step; with -ge 1/2 not bit-identical to -r 0; -f8 1\n"
-           "              keeps one layer and recomputes nothing either way (default %d)\n"
+           "              keeps no GELU output and recomputes nothing either way (default %d)\n"
            "  -ov <0|1>   1 = the backward's weight gradients on a second stream, overlapped: the same bits (default %d)\n"
            "  -tw <0|1>   1 = tune each matmul also over the configurations around cuBLASLt's heuristic (up to 3 s\n"
            "              a shape at start): the same bits, ~1%% faster at B=64 on an H100 (default %d)\n"
