@@ -485,7 +485,6 @@ template <typename T> void fp8_cast_batch(Fp8Tensor& t, const T* x, int count, i
     else fail("FP8 casts need a bf16 build");
 }
 
-
 // Block l's weight of linear layer k (OC, C), bf16, and its FP8 copies.
 inline floatX* linear_weight(const GPT& m, LinearLayer k, int l) {
     const ParameterTensors& p = m.weights.params;
@@ -757,7 +756,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     const size_t btc = size_t(BT) * C;
     const int Cp = ln_ld(C);
     const size_t btcp = m.fp8.on ? 0 : size_t(BT) * Cp;  // one layer of ln1 / ln2 (-f8 1: they keep one)
-    const bool one_gelu = m.settings.recompute != 0;  // fch_gelu keeps one layer (-f8 1: none)
+    const bool recompute = m.settings.recompute != 0;  // fch_gelu keeps one layer (-f8 1: none)
     const int gelu_fusion = m.settings.gelu_fusion;
     m.fp8.kept_rows = m.fp8.on && targets && dloss != 0.0f ? BT : 0;  // a backward follows
 
@@ -778,7 +777,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         floatX* residual2 = a.residual2 + l * btc;
         floatX* ln2 = a.ln2 + l * btcp;
         floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = m.fp8.on ? nullptr : one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul
+        floatX* fch_gelu = m.fp8.on ? nullptr : recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -r 1: only for the next matmul
         floatX* residual3 = a.residual3 + l * btc;
 
         prof.mark("fwd.matmul");
@@ -971,7 +970,6 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
     const int Cp = ln_ld(C);
     const size_t btcp = m.fp8.on ? 0 : size_t(BT) * Cp;  // one layer of ln1 / ln2 (-f8 1: they keep one)
     const bool recompute = m.settings.recompute != 0 && !m.fp8.on;  // -f8 1 reads GELU(fch)'s FP8 copy
-    const bool one_gelu = m.settings.recompute != 0;
     const int gelu_fusion = m.settings.gelu_fusion;
     const bool reduce = last_micro_batch && m.dp.multi();
     floatX* const none = nullptr;
@@ -1002,7 +1000,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
         const floatX* residual2 = a.residual2 + l * btc;
         const floatX* ln2 = a.ln2 + l * btcp;
         const floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = m.fp8.on ? nullptr : one_gelu ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -f8 1: none
+        floatX* fch_gelu = m.fp8.on ? nullptr : recompute ? a.fch_gelu : a.fch_gelu + l * 4 * btc;  // -f8 1: none
         const size_t fc_w = size_t(l) * 4 * C * C;
 
         // MLP. dresidual is the gradient of residual3 = residual2 + fcproj, so also of fcproj.
