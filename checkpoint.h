@@ -10,7 +10,9 @@
 //   state file  (kTrainStateMagic): a run's position and setup, then fp32 master weights, AdamW m and
 //               AdamW v, whole (whatever the number of GPUs that wrote them, so a run saved on N GPUs
 //               resumes on M), then the outlier guard's two windows (outlier_guard.h's OutlierWindows,
-//               header.outlier_bytes of them; files written before the guard have none: 0)
+//               header.outlier_bytes of them; files written before the guard have none: 0), then the
+//               FP8 delayed scales' amax history (fp32, header.fp8_history_bytes of it: train_gpt's
+//               Fp8Buffers; 0 without -f8 1 and in files from before it)
 //   reference   (kReferenceMagic): test_gpt's input from gpt_reference.py state
 // The token and tokenizer files are llm.c's (fileio.h: TokenFileHeader, TokenizerHeader).
 //
@@ -79,7 +81,9 @@ struct TrainStateHeader {
     // files written before the guard (they load with empty windows).
     uint32_t outlier_bytes = 0;
     int32_t fp8 = 0;  // -f8 (0 in files written before it was recorded, which trained in bf16)
-    int32_t unused29[226] = {};
+    uint32_t fp8_history_bytes = 0;  // bytes of the FP8 amax history after the outlier windows (0: none)
+    int64_t fp8_history_steps = 0;   // training steps that history has seen
+    int32_t unused32[223] = {};
     int32_t cursor_unit = 0;  // loader_cursor's unit: kCursorSequences, or kCursorWindows (0: files from before it)
 };
 
@@ -102,7 +106,8 @@ static_assert(sizeof(TrainStateHeader) == HEADER_INTS * 4 && offsetof(TrainState
                   offsetof(TrainStateHeader, num_params) == 8 * 4 && offsetof(TrainStateHeader, seed) == 16 * 4 &&
                   offsetof(TrainStateHeader, data_tokens) == 20 * 4 && offsetof(TrainStateHeader, total_batch) == 24 * 4 &&
                   offsetof(TrainStateHeader, head) == 26 * 4 && offsetof(TrainStateHeader, outlier_bytes) == 27 * 4 &&
-                  offsetof(TrainStateHeader, fp8) == 28 * 4 &&
+                  offsetof(TrainStateHeader, fp8) == 28 * 4 && offsetof(TrainStateHeader, fp8_history_bytes) == 29 * 4 &&
+                  offsetof(TrainStateHeader, fp8_history_steps) == 30 * 4 &&
                   offsetof(TrainStateHeader, cursor_unit) == 255 * 4,
               "state file header");
 
@@ -252,6 +257,8 @@ struct TrainState {
     uint32_t data_crc = 0;
     OutlierWindows outliers;  // the outlier guard's (empty when the file predates it)
     std::vector<float> adam_m, adam_v;
+    std::vector<float> fp8_history;  // -f8 1's amax history (empty without it, or in older files)
+    int64_t fp8_history_steps = 0;
 };
 
 inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
@@ -270,6 +277,8 @@ inline TrainStateHeader state_header(const TrainState& st, size_t num_params) {
     h.total_batch = st.total_batch, h.head = st.head;
     h.cursor_unit = kCursorSequences;
     h.outlier_bytes = sizeof(OutlierWindows);
+    h.fp8_history_bytes = uint32_t(st.fp8_history.size() * sizeof(float));
+    h.fp8_history_steps = st.fp8_history_steps;
     return h;
 }
 
@@ -279,6 +288,7 @@ inline void state_from_header(const TrainStateHeader& h, TrainState& st) {
     st.seed = h.seed, st.shuffle = h.shuffle, st.data_crc = h.data_crc, st.data_tokens = h.data_tokens;
     st.gelu_fusion = h.gelu_fusion, st.recompute = h.recompute, st.fp8 = h.fp8;
     st.total_batch = h.total_batch, st.head = h.head;
+    st.fp8_history_steps = h.fp8_history_steps;
     // An older file counts windows of B*T tokens: window i is sequences [i B, i B + B), so a position
     // in order converts exactly, and one at its epoch's last window (whose next read was the next
     // epoch's first window) is the next epoch's start. A shuffled one is a permutation of windows,
@@ -292,9 +302,10 @@ inline void state_from_header(const TrainStateHeader& h, TrainState& st) {
 }
 
 // The state file's crc32: the header (crc 0), the three arrays, then header.outlier_bytes of `outliers`
-// (none for a file that predates them, whose crc stays what it was).
+// and header.fp8_history_bytes of fp8_history (none for a file that predates them, whose crc stays what
+// it was).
 inline uint32_t state_crc(const TrainStateHeader& header, const std::vector<float>& params, const std::vector<float>& adam_m,
-                          const std::vector<float>& adam_v, const OutlierWindows& outliers) {
+                          const std::vector<float>& adam_v, const OutlierWindows& outliers, const std::vector<float>& fp8_history) {
     TrainStateHeader h = header;
     h.crc = 0;
     const size_t bytes = params.size() * sizeof(float);
@@ -302,7 +313,8 @@ inline uint32_t state_crc(const TrainStateHeader& header, const std::vector<floa
     crc = crc32(params.data(), bytes, crc);
     crc = crc32(adam_m.data(), bytes, crc);
     crc = crc32(adam_v.data(), bytes, crc);
-    return crc32(&outliers, header.outlier_bytes, crc);
+    crc = crc32(&outliers, header.outlier_bytes, crc);
+    return crc32(fp8_history.data(), header.fp8_history_bytes, crc);
 }
 
 // Writes checkpoint st.step into dir (model file, then state file: the commit). On failure (a full
@@ -312,11 +324,12 @@ inline bool write_checkpoint(const std::string& dir, const GPTConfig& config, co
                              const std::vector<float>& adam_m, const std::vector<float>& adam_v, std::string* error) {
     const size_t bytes = params.size() * sizeof(float);
     TrainStateHeader h = state_header(st, params.size());
-    h.crc = state_crc(h, params, adam_m, adam_v, st.outliers);
+    h.crc = state_crc(h, params, adam_m, adam_v, st.outliers, st.fp8_history);
     const std::string model_path = checkpoint_path(dir, "model", st.step), state_path = checkpoint_path(dir, "state", st.step);
     if (!write_model_file(model_path, config, params, error) ||
         !write_file_atomic(state_path, {{&h, sizeof(h)}, {params.data(), bytes}, {adam_m.data(), bytes}, {adam_v.data(), bytes},
-                                        {&st.outliers, sizeof(st.outliers)}}, error)) {
+                                        {&st.outliers, sizeof(st.outliers)},
+                                        {st.fp8_history.data(), st.fp8_history.size() * sizeof(float)}}, error)) {
         // Not committed (or not known to be on disk: a failed folder sync comes after the rename):
         // leave nothing of it, the commit record first.
         unlink(state_path.c_str());
@@ -415,7 +428,12 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
                  std::to_string(sizeof(OutlierWindows)) + " (or 0)";
         return false;
     }
-    const uint64_t expected = sizeof(h) + 3 * uint64_t(n) * sizeof(float) + h.outlier_bytes;
+    if (h.fp8_history_bytes % sizeof(float) || h.fp8_history_bytes > (64u << 20) || h.fp8_history_steps < 0) {
+        *error = "'" + path + "' says its FP8 amax history takes " + std::to_string(h.fp8_history_bytes) + " bytes after " +
+                 std::to_string(h.fp8_history_steps) + " steps (whole floats, at most 64 MiB, and steps >= 0)";
+        return false;
+    }
+    const uint64_t expected = sizeof(h) + 3 * uint64_t(n) * sizeof(float) + h.outlier_bytes + h.fp8_history_bytes;
     if (f.size != expected || h.num_params != n) {
         *error = "'" + path + "' has " + std::to_string(f.size) + " bytes, expected " + std::to_string(expected);
         return false;
@@ -424,11 +442,13 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     st.adam_m.resize(n), st.adam_v.resize(n);
     const size_t bytes = n * sizeof(float);
     OutlierWindows outliers;  // empty unless the file holds them
+    std::vector<float> fp8_history(h.fp8_history_bytes / sizeof(float));
     if (!f.read_at(sizeof(h), params.data(), bytes, error) || !f.read_at(sizeof(h) + bytes, st.adam_m.data(), bytes, error) ||
         !f.read_at(sizeof(h) + 2 * bytes, st.adam_v.data(), bytes, error) ||
-        !f.read_at(sizeof(h) + 3 * bytes, &outliers, h.outlier_bytes, error))
+        !f.read_at(sizeof(h) + 3 * bytes, &outliers, h.outlier_bytes, error) ||
+        !f.read_at(sizeof(h) + 3 * bytes + h.outlier_bytes, fp8_history.data(), h.fp8_history_bytes, error))
         return false;
-    if (h.crc != state_crc(h, params, st.adam_m, st.adam_v, outliers)) {
+    if (h.crc != state_crc(h, params, st.adam_m, st.adam_v, outliers, fp8_history)) {
         *error = "'" + path + "' fails its checksum (corrupt or partly written)";
         return false;
     }
@@ -443,6 +463,7 @@ inline bool load_checkpoint(const std::string& dir, int step, HostModel& model, 
     model.params = std::move(params);  // the fp32 master weights (exact), not the model file's copy
     state_from_header(h, st);
     st.outliers = outliers;
+    st.fp8_history = std::move(fp8_history);
     return true;
 }
 

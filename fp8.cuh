@@ -3,8 +3,10 @@
 // float64 reference with derived bounds and times them beside bf16).
 //
 //   fp8_quantize         x (R, C) bf16, rows ld apart -> q (R, C) and/or qt (C, R) FP8, one scale from amax(x)
-//                        (its own pass over x, or the amax the kernel that wrote x left in the slot); or, with
-//                        gelu, of GELU(x) as bf16 holds it (the bf16 GELU output itself is never written)
+//                        (its own pass over x, the amax the kernel that wrote x left in the slot, or one the
+//                        caller keeps: delayed scaling, with the cast's own amax recorded); Fp8CastOptions:
+//                        of GELU(x) or of GELU's backward x GELU'(z) as bf16 holds them (that bf16 tensor
+//                        itself is never written), and the column sums of what is cast (a bias gradient)
 //   fp8_quantize_batch   the same for `count` tensors one after another (a layer kind's L weights)
 //   fp8_forward          out (N, OC) = inp (N, C) weight (OC, C)^T + bias (+ residual)   bf16 out
 //   fp8_backward_input   dinp (N, C) = dout (N, OC) weight                               bf16 out
@@ -13,9 +15,11 @@
 // Non-obvious choices:
 //   - Formats: e4m3 (3 mantissa bits, up to 448) for activations and weights, e5m2 (2 bits, up to
 //     57344) for output gradients, which span more binades.
-//   - Scales: one per tensor, from its amax now (current scaling), computed on the GPU (no host
+//   - Scales: one per tensor, from its amax now (current scaling) or from one the caller put in the slot
+//     (train_gpt's delayed scaling: the largest of recent steps'), computed on the GPU (no host
 //     synchronisation): s = 2^p, the largest power of two with amax s <= the format's largest value, so
-//     the tensor fills the format's top binade and nothing saturates. A power of two makes x s and q / s
+//     the tensor fills the format's top binade and, with its current amax, nothing saturates (a delayed
+//     amax the tensor has outgrown saturates the values past it, SATFINITE). A power of two makes x s and q / s
 //     exact: the FP8 value is x s rounded once, and cuBLASLt's scaling of its fp32 sum by 1/s_a 1/s_b is
 //     exact too. amax is an atomicMax on the float's bits (non-negative floats order as their bits do):
 //     the same bits in any order, so every run gives the same bytes; a NaN anywhere wins and reaches the
@@ -94,18 +98,28 @@ template <bool GELU> __device__ __forceinline__ float fp8_source(__nv_bfloat16 x
     else return __bfloat162float(x);
 }
 
-// amax = max |x| (GELU: |GELU(x)| in bf16) over the C first values of R rows ld apart (C and ld
-// multiples of 8, x 16-byte aligned) into meta's amax slot (meta[2]'s bits), zeroed before. A batch:
-// blockIdx.y picks the tensor, the tensors R ld apart in x, their metas 4 floats apart.
-template <bool GELU = false>
-__global__ void __launch_bounds__(256) fp8_amax_kernel(float* meta, const __nv_bfloat16* x, size_t R, int C, int ld) {
+// amax = max |x| (GELU: |GELU(x)|, DGELU: |x GELU'(z)|, each in bf16 as fp8_cast_kernel casts it) over
+// the C first values of R rows ld apart (C and ld multiples of 8, x and z 16-byte aligned) into meta's
+// amax slot (meta[2]'s bits), zeroed before. A batch: blockIdx.y picks the tensor, the tensors R ld
+// apart in x, their metas 4 floats apart.
+template <bool GELU = false, bool DGELU = false>
+__global__ void __launch_bounds__(256) fp8_amax_kernel(float* meta, const __nv_bfloat16* x, size_t R, int C, int ld,
+                                                       const __nv_bfloat16* z) {
     x += blockIdx.y * R * ld;
     const size_t per_row = C / 8, n = R * per_row;  // vectors of 8
     unsigned m = 0;
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-        const Vec128<__nv_bfloat16> v = Vec128<__nv_bfloat16>::load(x + i / per_row * ld + i % per_row * 8);
+        const size_t at = i / per_row * ld + i % per_row * 8;
+        const Vec128<__nv_bfloat16> v = Vec128<__nv_bfloat16>::load(x + at);
+        if constexpr (DGELU) {
+            const Vec128<__nv_bfloat16> zin = Vec128<__nv_bfloat16>::load(z + blockIdx.y * R * ld + at);
 #pragma unroll
-        for (int j = 0; j < 8; j++) m = max(m, abs_bits(fp8_source<GELU>(v[j])));
+            for (int j = 0; j < 8; j++)
+                m = max(m, abs_bits(__bfloat162float(__float2bfloat16(__bfloat162float(v[j]) * gelu_tanh_grad(__bfloat162float(zin[j]))))));
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = max(m, abs_bits(fp8_source<GELU>(v[j])));
+        }
     }
     block_atomic_max<256>(reinterpret_cast<unsigned*>(meta + 4 * blockIdx.y + 2), m);
 }
@@ -117,25 +131,36 @@ template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b,
     return lo | hi << 16;
 }
 
-// x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(x s) with s from meta[2]'s
-// amax (GELU: fp8(GELU(x) s), GELU(x) rounded to bf16 first); block (0, 0, z) also writes tensor z's
-// meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale pointer). R and C multiples of 16. A batch:
+// x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(y s) with s from meta[2]'s
+// amax, y = x, or with GELU GELU(x), with DGELU x GELU'(gelu_in) (GELU's backward: x its output's
+// gradient, gelu_in its input, rows ld apart too), each rounded to bf16 as gelu_forward and gelu_backward_inplace write
+// them; block (0, 0, z) also writes tensor z's meta[1] = s and meta[0] = 1 / s (cuBLASLt's scale
+// pointer). Values past s's range saturate to the format's largest (SATFINITE). record (null: none):
+// the amax of y atomicMax'ed into *record's bits, a delayed scale's newest observation. colsum (null:
+// none; with the transposed copy, one tensor): y's column sums over the block's 64 rows, in fp32, into
+// row blockIdx.x of colsum (C floats a row): thread t sums its 16 rows of column t % 64 in order, then
+// the four 16-row sums are added in order, so the same bits every run (fp8_add_column_sums finishes).
+// R and C multiples of 16. A batch:
 // blockIdx.z picks the tensor, the tensors R ld apart in x, R C apart in q and qt, their metas 4 floats
 // apart. A block takes a 64 x 64 tile: 256 threads load 2 vectors of 8
 // each (a row is 8 threads, 128 bytes) and write q from registers; for qt the tile goes through shared memory, and
 // thread t reads column t % 64 at rows 16 (t / 64) + 0..15 (a warp reads 32 consecutive columns of a
 // row: no bank conflict) and writes those 16 FP8 values as one 16-byte vector of qt's row.
 constexpr int kCastTile = 64;
-template <bool E5M2, bool kNatural, bool kTransposed, bool GELU = false>
+template <bool E5M2, bool kNatural, bool kTransposed, bool GELU = false, bool DGELU = false>
 __global__ void __launch_bounds__(256)
-    fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const __nv_bfloat16* x, int R, int C, int ld) {
+    fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const __nv_bfloat16* x, int R, int C, int ld, unsigned* record,
+                    const __nv_bfloat16* gelu_in, float* colsum) {
+    static_assert(!(GELU && DGELU), "GELU or its backward");
     __shared__ __align__(16) __nv_bfloat16 tile[kCastTile][kCastTile];
+    __shared__ float chunk_sums[4][kCastTile];
     const size_t z = blockIdx.z;
     x += z * R * ld, q += z * R * C, qt += z * R * C, meta += 4 * z;
     constexpr int emax = E5M2 ? 15 : 8;  // kE5M2.emax, kE4M3.emax
     const float s = fp8_scale(__uint_as_float(*reinterpret_cast<const unsigned*>(meta + 2)), emax);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[0] = 1.0f / s, meta[1] = s;
     const int r0 = blockIdx.x * kCastTile, c0 = blockIdx.y * kCastTile;
+    unsigned amax_bits = 0;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int v = threadIdx.x + 256 * i, row = v / 8, col = v % 8 * 8;
@@ -145,6 +170,14 @@ __global__ void __launch_bounds__(256)
         if constexpr (GELU)
 #pragma unroll
             for (int j = 0; j < 8; j++) in[j] = __float2bfloat16(fp8_source<true>(in[j]));
+        if constexpr (DGELU) {
+            const Vec128<__nv_bfloat16> zin = Vec128<__nv_bfloat16>::load(gelu_in + z * R * ld + size_t(r) * ld + c);
+#pragma unroll
+            for (int j = 0; j < 8; j++) in[j] = __float2bfloat16(__bfloat162float(in[j]) * gelu_tanh_grad(__bfloat162float(zin[j])));
+        }
+        if (record)
+#pragma unroll
+            for (int j = 0; j < 8; j++) amax_bits = max(amax_bits, abs_bits(__bfloat162float(in[j])));
         if (kTransposed) *reinterpret_cast<int4*>(&tile[row][col]) = *reinterpret_cast<const int4*>(in.v);
         if (kNatural) {
             float f[8];
@@ -154,10 +187,21 @@ __global__ void __launch_bounds__(256)
                 make_uint2(fp8x4<E5M2>(f[0], f[1], f[2], f[3]), fp8x4<E5M2>(f[4], f[5], f[6], f[7]));
         }
     }
+    if (record) block_atomic_max<256>(record, amax_bits);  // every thread of the block: record is the same for all
     if (!kTransposed) return;
     __syncthreads();
     const int cc = threadIdx.x % kCastTile, rr = threadIdx.x / kCastTile * 16;
     const int c = c0 + cc, r = r0 + rr;
+    if (colsum) {  // every thread reaches the barrier; chunks past R or C add nothing
+        float sum = 0.0f;
+        if (c < C && r < R)
+#pragma unroll
+            for (int k = 0; k < 16; k++) sum += __bfloat162float(tile[rr + k][cc]);
+        chunk_sums[rr / 16][cc] = sum;
+        __syncthreads();
+        if (rr == 0 && c < C)
+            colsum[size_t(blockIdx.x) * C + c] = ((chunk_sums[0][cc] + chunk_sums[1][cc]) + chunk_sums[2][cc]) + chunk_sums[3][cc];
+    }
     if (c >= C || r >= R) return;  // R a multiple of 16: a chunk of 16 rows is all in or all out
     unsigned w[4];
 #pragma unroll
@@ -180,9 +224,24 @@ struct Fp8Tensor {
     const float* scale_inv() const { return meta; }
 };
 
-// Where a tensor's amax comes from: fp8_quantize's own pass over x (compute), or the kernel that
-// produced x, which wrote it into the tensor's amax slot (given: fp8_amax_slot before that kernel).
+// Where the amax a tensor's scale comes from is: fp8_quantize's own pass over x (compute), or the
+// tensor's amax slot as it stands (given): written by the kernel that produced x (fp8_amax_slot before
+// that kernel), or by the caller, e.g. the largest amax of the steps before (delayed scaling).
 enum class Fp8Amax { compute, given };
+
+// What fp8_quantize casts besides x itself, and what it writes besides the copies.
+struct Fp8CastOptions {
+    Fp8Amax amax = Fp8Amax::compute;
+    bool gelu = false;                         // GELU(x): x is GELU's input (e4m3)
+    const __nv_bfloat16* gelu_input = nullptr; // x GELU'(gelu_input): x is GELU's output gradient (e5m2)
+    unsigned* record = nullptr;                // *record = max(*record, amax of what is cast), on the float's bits
+    float* colsum = nullptr;                   // per 64-row tile column sums (fp8_column_sum_tiles(R) rows of C)
+    Fp8CastOptions& with_amax(Fp8Amax a) { amax = a; return *this; }
+    Fp8CastOptions& with_gelu(bool on = true) { gelu = on; return *this; }
+    Fp8CastOptions& with_gelu_backward(const __nv_bfloat16* inp) { gelu_input = inp; return *this; }
+    Fp8CastOptions& with_record(unsigned* r) { record = r; return *this; }
+    Fp8CastOptions& with_column_sums(float* sums) { colsum = sums; return *this; }
+};
 
 // Zeroes t's amax slot (meta[2]) on `stream` and returns it, for the kernel that produces the tensor
 // to atomicMax the bits of |x| into (abs_bits, block_atomic_max), as fp8_amax_kernel would. That
@@ -207,49 +266,87 @@ inline std::string fp8_cast_refusal(const Fp8Tensor& t, const __nv_bfloat16* x, 
 }
 
 // The amax pass over `count` tensors (blocks shared out between them; their slots zeroed before), then
-// the cast of each; gelu: of GELU(x).
+// the cast of each; gelu: of GELU(x); gelu_input: of x GELU'(gelu_input) (Fp8CastOptions).
 inline void fp8_amax_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, cudaStream_t stream,
-                            bool gelu = false) {
+                            bool gelu = false, const __nv_bfloat16* gelu_input = nullptr) {
     const size_t n = size_t(R) * C;
     const dim3 grid(std::max(1, elementwise_blocks(count * n / 8) / count), count);
-    (gelu ? fp8_amax_kernel<true> : fp8_amax_kernel<false>)<<<grid, 256, 0, stream>>>(t.meta, x, R, C, ld);
+    (gelu_input ? fp8_amax_kernel<false, true> : gelu ? fp8_amax_kernel<true> : fp8_amax_kernel<false>)<<<grid, 256, 0, stream>>>(
+        t.meta, x, R, C, ld, gelu_input);
     cuda_check_launch();
 }
 inline void fp8_cast_launch(Fp8Tensor& t, const __nv_bfloat16* x, int count, int R, int C, int ld, bool natural, bool transposed,
-                            cudaStream_t stream, bool gelu = false) {
-    using Kernel = void (*)(uint8_t*, uint8_t*, float*, const __nv_bfloat16*, int, int, int);
-    const bool e5m2 = t.fmt->type == CUDA_R_8F_E5M2;  // gelu: e4m3, as fp8_quantize, its one caller, checks
-    const Kernel k = gelu ? (natural ? (transposed ? fp8_cast_kernel<false, true, true, true> : fp8_cast_kernel<false, true, false, true>)
+                            cudaStream_t stream, const Fp8CastOptions& o = Fp8CastOptions()) {
+    using Kernel = void (*)(uint8_t*, uint8_t*, float*, const __nv_bfloat16*, int, int, int, unsigned*, const __nv_bfloat16*, float*);
+    const bool e5m2 = t.fmt->type == CUDA_R_8F_E5M2, gelu = o.gelu;  // fp8_quantize checks the combinations
+    const Kernel k = o.gelu_input ? fp8_cast_kernel<true, true, true, false, true>  // GELU's backward: both e5m2 copies
+                   : gelu ? (natural ? (transposed ? fp8_cast_kernel<false, true, true, true> : fp8_cast_kernel<false, true, false, true>)
                                      : fp8_cast_kernel<false, false, true, true>)  // an activation: e4m3
                    : e5m2 ? (natural ? (transposed ? fp8_cast_kernel<true, true, true> : fp8_cast_kernel<true, true, false>)
                                      : fp8_cast_kernel<true, false, true>)
                           : (natural ? (transposed ? fp8_cast_kernel<false, true, true> : fp8_cast_kernel<false, true, false>)
                                      : fp8_cast_kernel<false, false, true>);
     const dim3 grid((R + kCastTile - 1) / kCastTile, (C + kCastTile - 1) / kCastTile, count);
-    k<<<grid, 256, 0, stream>>>(t.q, t.qt, t.meta, x, R, C, ld);
+    k<<<grid, 256, 0, stream>>>(t.q, t.qt, t.meta, x, R, C, ld, o.record, o.gelu_input, o.colsum);
     cuda_check_launch();
 }
 
+// Rows of column sums fp8_quantize's colsum writes for R rows (one per 64-row tile).
+inline int fp8_column_sum_tiles(int R) { return (R + kCastTile - 1) / kCastTile; }
+
 // Quantizes x (R, C), rows ld apart (0: C): natural writes q, transposed writes qt. With
 // Fp8Amax::compute one read of x for the amax and one for the cast; with Fp8Amax::given the amax is
-// already in t's slot (fp8_amax_slot, then the kernel that wrote x) and only the cast reads x: the same
-// bytes and scale. gelu (e4m3, Fp8Amax::compute): x is GELU's input, and the copies are those of
-// GELU(x) as gelu_forward would write it in bf16, the same bytes and scale as gelu_forward then
-// fp8_quantize, without the bf16 output's write and read. "" when enqueued, or why not.
+// already in t's slot (the kernel that wrote x put it there after fp8_amax_slot, or the caller did:
+// delayed scaling) and only the cast reads x: the same bytes and scale for the same amax.
+// o.gelu (e4m3): x is GELU's input, and the copies are those of GELU(x) as gelu_forward would write it
+// in bf16: the bytes and scale of gelu_forward then fp8_quantize, without the bf16 output's write and
+// read. o.gelu_input (e5m2, both copies): x is GELU's output gradient and the copies
+// those of x GELU'(gelu_input) as gelu_backward_inplace would leave it, without that bf16 tensor's
+// write and read. o.record (null: none): the amax of what is cast also goes into *record's bits by
+// atomicMax, in the cast's one read of x: with a given amax that is not x's (delayed scaling) the
+// caller learns x's for later casts. o.colsum (with the transposed copy): the column sums of what is
+// cast, per 64-row tile (fp8_column_sum_tiles(R) rows of C floats; fp8_add_column_sums adds them up).
+// "" when enqueued, or why not.
 inline std::string fp8_quantize(Fp8Tensor& t, const __nv_bfloat16* x, int R, int C, bool natural, bool transposed,
-                                cudaStream_t stream = 0, int ld = 0, Fp8Amax amax = Fp8Amax::compute, bool gelu = false) {
+                                cudaStream_t stream = 0, int ld = 0, const Fp8CastOptions& o = Fp8CastOptions()) {
     if (ld == 0) ld = C;
     const std::string why = fp8_cast_refusal(t, x, 1, R, C, ld, natural, transposed);
     if (!why.empty()) return why;
-    if (gelu && (t.fmt->type != CUDA_R_8F_E4M3 || amax != Fp8Amax::compute))
-        fail("fp8_quantize: GELU's output is cast in e4m3, with the amax of its own pass");
+    if (o.gelu && o.gelu_input) fail("fp8_quantize: GELU or its backward, not both");
+    if (o.gelu && t.fmt->type != CUDA_R_8F_E4M3) fail("fp8_quantize: GELU's output is cast in e4m3");
+    if (o.gelu_input && (t.fmt->type != CUDA_R_8F_E5M2 || !natural || !transposed))
+        fail("fp8_quantize: GELU's backward is cast in e5m2, both copies");
+    if (o.gelu_input && !is_aligned16(o.gelu_input)) return "GELU's input is not 16-byte aligned: FP8 casts read 16-byte vectors";
+    if (o.colsum && !transposed) fail("fp8_quantize: the column sums ride in the transposing cast");
     t.R = R, t.C = C;
-    if (amax == Fp8Amax::compute) {
+    if (o.amax == Fp8Amax::compute) {
         fp8_amax_slot(t, stream);
-        fp8_amax_launch(t, x, 1, R, C, ld, stream, gelu);
+        fp8_amax_launch(t, x, 1, R, C, ld, stream, o.gelu, o.gelu_input);
     }
-    fp8_cast_launch(t, x, 1, R, C, ld, natural, transposed, stream, gelu);
+    fp8_cast_launch(t, x, 1, R, C, ld, natural, transposed, stream, o);
     return "";
+}
+
+// bias[c] += the sum over the tiles' column sums of column c (fp8_quantize's colsum for R rows and C
+// columns), added in tile order, rounded to T once: a bias gradient, as matmul_backward's
+// matrix-vector product adds it, without reading the output gradient again. Deterministic.
+// A block takes 32 columns: thread (x, y) sums tiles y, y + 16, y + 32, ... of column x in order, then
+// thread (x, 0) adds the 16 sums in order and the bias.
+template <typename T> __global__ void __launch_bounds__(512) fp8_add_column_sums_kernel(T* bias, const float* colsum, int tiles, int C) {
+    __shared__ float part[16][32];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (c < C)
+        for (int i = threadIdx.y; i < tiles; i += 16) sum += colsum[size_t(i) * C + c];
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    for (int y = 1; y < 16; y++) sum += part[y][threadIdx.x];
+    bias[c] = from_float<T>(to_float(bias[c]) + sum);
+}
+template <typename T> void fp8_add_column_sums(T* bias, const float* colsum, int R, int C, cudaStream_t stream = 0) {
+    fp8_add_column_sums_kernel<T><<<(C + 31) / 32, dim3(32, 16), 0, stream>>>(bias, colsum, fp8_column_sum_tiles(R), C);
+    cuda_check_launch();
 }
 
 // Quantizes `count` tensors (R, C) stored one after another in x (R C apart) into t's q and qt (R C

@@ -313,9 +313,10 @@ struct WeightStream {
 
 // FP8 linear layers (-f8 1, fp8.cuh): each block's four linear layers run their three GEMMs in FP8,
 // forward e4m3 x e4m3 (fast accumulation), dinp e4m3 weight x e5m2 dout and dweight e4m3 inp x e5m2
-// dout (fp32 promotion), every output bf16 as in the bf16 path; one scale per tensor from its amax now.
-// LayerNorm, attention, GELU's backward, the residual stream, the LM head and AdamW are the bf16 path's
-// (GELU's forward is computed by fcproj's input cast). The buffers, allocated only with -f8 1:
+// dout (fp32 promotion), every output bf16 as in the bf16 path; one scale per tensor (scaling below).
+// LayerNorm, attention, the residual stream, the LM head and AdamW are the bf16 path's (GELU's forward
+// and backward are computed in casts: fcproj's input and fc's output gradient, below). The buffers,
+// allocated only with -f8 1:
 //   weight[k]: (L, OC, C) e4m3 copies of layer k's weights and their transposes (L, C, OC), made
 //              when the weights change (gpt_cast_weights_fp8), not per micro-batch;
 //   input[k]:  layer k's input in e4m3: q (B T, C_in), one buffer that every layer's forward GEMM reads
@@ -329,14 +330,37 @@ struct WeightStream {
 //              while this one's is cast (no waits beyond the bf16 path's).
 // The layer inputs' transposed copies are B T 7C bytes a block, against the 2 (2 Cp + 4C) B T bytes a
 // block of ln1, ln2 and fch_gelu in bf16 that -f8 1 does not keep.
+// GELU's backward happens in fc's output gradient's cast: fcproj's dinp GEMM leaves GELU's output
+// gradient in dbig, and the cast writes the FP8 copies of dbig GELU'(fch) and their column sums
+// (fc's bias gradient), so the bf16 gradient of fch is neither written nor read.
+// Scaling: each tensor's scale is fp8_scale of an amax, and every amax is found without a pass of its
+// own. The weights' come from their batched casts; ln1's and ln2's from the LayerNorm forward, and
+// dresidual's (fcproj's and attproj's output gradient) from the LayerNorm backward, which write the
+// amax of what they write (current scaling: this micro-batch's own). No kernel writes the other four:
+// atty, GELU(fch), fch's gradient (those two made in their casts) and dqkv. Those take delayed scaling, as
+// Transformer Engine's delayed recipe does: the scale of twice the largest amax of the last
+// kFp8History training steps (each training cast records its tensor's amax, the step's is the max over
+// micro-batches and ranks). The factor 2 is one binade of headroom, so that a tensor may grow 2-4x past
+// that amax before any value saturates to the format's largest (it costs the format's lowest binade);
+// the run reports how many delayed casts saturated. A run's first step, with no history yet, scales
+// them by their current amax (a pass each); the history goes into the checkpoints, so a resumed run
+// scales as the uninterrupted one.
 enum LinearLayer { kQkv, kAttproj, kFc, kFcproj };
 constexpr int kLinearIn[4] = {1, 1, 1, 4}, kLinearOut[4] = {3, 1, 4, 1};  // each layer's C and OC, in units of C
+enum Fp8Delayed { kDelayedAtty, kDelayedGelu, kDelayedDfch, kDelayedDqkv, kNumDelayed };  // the delayed-scaled tensors of a block
+constexpr int kFp8History = 16;  // training steps whose amax a delayed scale covers
 struct Fp8Buffers {
     bool on = false;
     int kept_rows = 0;         // B T of the last forward if it wrote the inputs' transposed copies (it had a dloss), else 0
     Fp8Tensor weight[4];       // per LinearLayer; fp8_weight views one block's
     Fp8Tensor input[4];        // per LinearLayer; fp8_input views one block's
-    Fp8Tensor dout[4];         // per LinearLayer
+    Fp8Tensor dout[4];         // per LinearLayer; fp8_dout views one block's scale
+    unsigned* seen = nullptr;  // (kNumDelayed, L): the amax bits the step's training casts recorded
+    float* history = nullptr;  // (kNumDelayed, L, kFp8History): the last steps' amaxes, one column a step in turn
+    int* saturated = nullptr;  // delayed casts whose tensor outgrew its scale's range (some values saturated)
+    int64_t delayed_casts = 0; // of how many: tensors a step scaled by the history, summed over the steps
+    int64_t history_steps = 0; // training steps recorded (0: none yet, current scaling)
+    float* colsum = nullptr;   // (ceil(B T / 64), 4C): fc's output gradient's column sums per 64-row tile (its bias gradient)
     size_t bytes = 0;          // all of them, scales included
 };
 
@@ -474,10 +498,9 @@ inline void fp8_must(const std::string& why) {
 // fp8_quantize (fp8.cuh) reads bf16. An fp32 build never gets here (gpt_create_fp8 refuses -f8 1);
 // this call compiles in both.
 template <typename T>
-void fp8_cast(Fp8Tensor& t, const T* x, int R, int C, bool natural, bool transposed, cudaStream_t stream = 0, int ld = 0,
-              Fp8Amax amax = Fp8Amax::compute, bool gelu = false) {
+void fp8_cast(Fp8Tensor& t, const T* x, int R, int C, bool natural, bool transposed, int ld, const Fp8CastOptions& o) {
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
-        fp8_must(fp8_quantize(t, x, R, C, natural, transposed, stream, ld, amax, gelu));
+        fp8_must(fp8_quantize(t, x, R, C, natural, transposed, 0, ld, o));
     else fail("FP8 casts need a bf16 build");
 }
 template <typename T> void fp8_cast_batch(Fp8Tensor& t, const T* x, int count, int R, int C) {
@@ -505,6 +528,23 @@ inline Fp8Tensor fp8_input(const GPT& m, LinearLayer k, int l, int N) {
     t.qt += l * t.capacity, t.meta += 4 * l;
     return t;
 }
+// Block l's output gradient of linear layer k: the shared copies, this block's scale.
+inline Fp8Tensor fp8_dout(const GPT& m, LinearLayer k, int l) {
+    Fp8Tensor t = m.fp8.dout[k];
+    t.meta += 4 * l;
+    return t;
+}
+
+// -f8 1, a cast with no amax from the tensor's producer (Fp8Amax::compute asked for): which delayed
+// tensor it is (Fp8Delayed; -1: none), how it is scaled (the history's amax, which
+// fp8_history_kernel left in the slot, or, before any history, the cast's own pass) and where it
+// records its amax (training casts only: validation's leave the history alone). Returns the scaling.
+inline Fp8Amax fp8_scaling(GPT& m, int delayed, int l, bool training, unsigned** record) {
+    *record = nullptr;
+    if (delayed < 0) return Fp8Amax::compute;
+    if (training) *record = m.fp8.seen + delayed * m.config.L + l;
+    return m.fp8.history_steps > 0 ? Fp8Amax::given : Fp8Amax::compute;
+}
 
 // -f8 1: the amax slot of block l's input of layer k, zeroed, for the kernel that writes that input
 // (LayerNorm 1 and 2) to fill as it writes, so that the cast need not read the input twice
@@ -514,10 +554,84 @@ inline unsigned* fp8_input_amax(GPT& m, LinearLayer k, int l) {
     Fp8Tensor t = fp8_input(m, k, l, 0);
     return fp8_amax_slot(t);
 }
-// -f8 1: the amax slot of layer k's output gradient, zeroed, for the kernel that writes it (the
-// LayerNorm backward for dresidual, GELU's backward for dbig) to fill, so that its cast need not read
-// it twice (linear_backward with Fp8Amax::given). Null without FP8.
-inline unsigned* fp8_dout_amax(GPT& m, LinearLayer k) { return m.fp8.on ? fp8_amax_slot(m.fp8.dout[k]) : nullptr; }
+// -f8 1: the amax slot of block l's output gradient of layer k, zeroed, for the kernel that writes it
+// (the LayerNorm backward, for dresidual) to fill, so that its cast need not read it twice
+// (linear_backward with Fp8Amax::given). Null without FP8.
+inline unsigned* fp8_dout_amax(GPT& m, LinearLayer k, int l) {
+    if (!m.fp8.on) return nullptr;
+    Fp8Tensor t = fp8_dout(m, k, l);
+    return fp8_amax_slot(t);
+}
+
+// The delayed scales' metas: one array of L metas (4 floats apart) per delayed tensor.
+struct Fp8DelayedMetas {
+    float* meta[kNumDelayed];
+};
+// Thread i, delayed tensor i / L of block i % L. push: the step's amax (seen, non-finite counted as 0:
+// a step that overflowed does not poison the scales after it) goes into history column `column`, seen
+// is zeroed, and with `count` a delayed cast whose amax outgrew the scale it was cast with adds one to
+// *saturated. Then the slot the casts scale by (meta[2]) = twice the history's largest amax (Fp8Buffers).
+__global__ void fp8_history_kernel(float* history, unsigned* seen, int* saturated, Fp8DelayedMetas metas, int L, int column, bool push,
+                                   bool count) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= kNumDelayed * L) return;
+    float* meta = metas.meta[i / L] + 4 * (i % L);
+    float* h = history + size_t(i) * kFp8History;
+    if (push) {
+        const float amax = __uint_as_float(seen[i]);
+        const float v = isfinite(amax) ? amax : 0.0f;
+        const bool e5m2 = i / L >= kDelayedDfch;  // a gradient; atty and GELU(fch) are e4m3
+        const int emax = e5m2 ? 15 : 8;                 // kE5M2.emax, kE4M3.emax
+        const float largest = e5m2 ? 57344.0f : 448.0f; // kE5M2.max, kE4M3.max
+        if (count && v * fp8_scale(meta[2], emax) > largest) atomicAdd(saturated, 1);
+        h[column] = v;
+        seen[i] = 0;
+    }
+    float m = 0.0f;
+    for (int j = 0; j < kFp8History; j++) m = fmaxf(m, h[j]);
+    meta[2] = fminf(2.0f * m, 3.402823466e38f);  // finite: fp8_scale of an infinite amax is NaN
+}
+inline void fp8_history_launch(GPT& m, bool push) {
+    Fp8Buffers& f = m.fp8;
+    const int L = m.config.L;
+    const Fp8DelayedMetas metas{{f.input[kAttproj].meta, f.input[kFcproj].meta, f.dout[kFc].meta, f.dout[kQkv].meta}};
+    const int column = int(f.history_steps % kFp8History);
+    const bool count = push && f.history_steps > 0;  // the first step's scales were its own amaxes
+    fp8_history_kernel<<<(kNumDelayed * L + 127) / 128, 128>>>(f.history, f.seen, f.saturated, metas, L, column, push, count);
+    cuda_check_launch();
+    if (count) f.delayed_casts += kNumDelayed * L;
+    if (push) f.history_steps++;
+}
+// -f8 1, at the end of a step's backward (after the ranks' seen are max-reduced): the step's amaxes
+// into the history, and the delayed scales from it.
+inline void gpt_fp8_history_push(GPT& m) {
+    if (m.fp8.on) fp8_history_launch(m, true);
+}
+// The history a checkpoint holds (empty without -f8 1), and its count of steps.
+inline std::vector<float> gpt_fp8_history(GPT& m, int64_t* steps) {
+    *steps = m.fp8.history_steps;
+    if (!m.fp8.on) return {};
+    std::vector<float> h(size_t(kNumDelayed) * m.config.L * kFp8History);
+    cuda_check(cudaMemcpy(h.data(), m.fp8.history, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+// A resumed run's history (a checkpoint's): the delayed scales as the run that wrote it had them.
+// Empty (a file from a run without -f8 1, or from before delayed scaling): the first step scales by
+// the current amax, as a new run's does.
+inline void gpt_set_fp8_history(GPT& m, const std::vector<float>& h, int64_t steps) {
+    if (!m.fp8.on || h.empty()) return;
+    const size_t want = size_t(kNumDelayed) * m.config.L * kFp8History;
+    if (h.size() != want) fail("the checkpoint's FP8 amax history holds %zu values, this model's %zu", h.size(), want);
+    cuda_check(cudaMemcpy(m.fp8.history, h.data(), want * sizeof(float), cudaMemcpyHostToDevice));
+    m.fp8.history_steps = steps;
+    fp8_history_launch(m, false);
+}
+// How many delayed casts saturated (see Fp8Buffers), of how many (synchronizes).
+inline int gpt_fp8_saturated(const GPT& m) {
+    int n = 0;
+    if (m.fp8.on) cuda_check(cudaMemcpy(&n, m.fp8.saturated, sizeof(int), cudaMemcpyDeviceToHost));
+    return n;
+}
 
 // The weights' FP8 copies, made whenever the weights change (gpt_create, gpt_update) and read by
 // every micro-batch of the step: each matrix with its own scale, both e4m3 copies (natural for the
@@ -551,8 +665,8 @@ inline void gpt_create_fp8(GPT& m, int B, int T) {
     Fp8Buffers& f = m.fp8;
     DeviceMemory& mem = m.memory;
     const size_t before = mem.bytes, BT = size_t(B) * T;
-    // Scales, 4 floats (16 bytes) a tensor: the 4L weights, the 4L layer inputs, the 4 douts.
-    float* meta = mem.alloc<float>(size_t(32 * L + 16) * sizeof(float), "FP8 scales");
+    // Scales, 4 floats (16 bytes) a tensor: the 4L weights, the 4L layer inputs, the 4L douts.
+    float* meta = mem.alloc<float>(size_t(48 * L) * sizeof(float), "FP8 scales");
     uint8_t* natural_input = mem.alloc<uint8_t>(BT * 4 * C, "FP8 layer input");
     for (int k = 0; k < 4; k++) {
         Fp8Tensor& w = f.weight[k];
@@ -567,12 +681,21 @@ inline void gpt_create_fp8(GPT& m, int B, int T) {
         Fp8Tensor& d = f.dout[k];
         d.fmt = &kE5M2, d.capacity = BT * kLinearOut[k] * C;
         d.q = mem.alloc<uint8_t>(2 * d.capacity, "FP8 output gradients"), d.qt = d.q + d.capacity;
-        d.meta = meta + 32 * L + 4 * k;
+        d.meta = meta + 32 * L + 4 * L * k;
     }
+    f.seen = mem.alloc<unsigned>(size_t(kNumDelayed) * L * sizeof(unsigned), "FP8 amax seen");
+    f.history = mem.alloc<float>(size_t(kNumDelayed) * L * kFp8History * sizeof(float), "FP8 amax history");
+    f.saturated = mem.alloc<int>(sizeof(int), "FP8 saturation count");
+    f.colsum = mem.alloc<float>(size_t(fp8_column_sum_tiles(int(BT))) * 4 * C * sizeof(float), "FP8 bias gradient partials");
+    cuda_check(cudaMemset(f.seen, 0, size_t(kNumDelayed) * L * sizeof(unsigned)));
+    cuda_check(cudaMemset(f.history, 0, size_t(kNumDelayed) * L * kFp8History * sizeof(float)));
+    cuda_check(cudaMemset(f.saturated, 0, sizeof(int)));
+    f.history_steps = 0;
     f.bytes = mem.bytes - before;
     f.on = true;
     // No GELU fusion in the GEMMs in FP8: the fc GEMM writes fch, fcproj's input cast applies GELU to it
-    // (linear_forward's fp8_gelu), and fcproj's dinp is followed by gelu_backward_inplace, as with -ge 0.
+    // (linear_forward's fp8_gelu), and fc's output gradient's cast applies GELU's backward to fcproj's
+    // dinp (linear_backward_fp8's gelu_input), as -ge 0 orders them.
     m.settings.gelu_fusion = 0;
     gpt_cast_weights_fp8(m);
 }
@@ -721,9 +844,9 @@ template <typename T> void exp_head_forward_backward(GPT& m, T* logits, float* l
 // bias in the epilogue and the residual as cuBLASLt's C (beta 1, out apart), as matmul_forward adds
 // them. No GELU fusion in the GEMMs in FP8 (gpt_create_fp8 sets -ge 0).
 // inp_amax: Fp8Amax::given where the kernel that wrote inp also wrote its amax (fp8_input_amax): the
-// cast then reads inp once, not twice. fp8_gelu (-f8 1 only): inp is GELU's input (fch), and the cast
-// makes the FP8 copies of GELU(inp) itself (fp8_quantize's gelu), so GELU's bf16 output is never
-// written.
+// cast then reads inp once, not twice; else (atty, GELU's output) the delayed scale (fp8_scaling).
+// fp8_gelu (-f8 1 only): inp is GELU's input (fch), and the cast makes the FP8 copies of GELU(inp)
+// itself (fp8_quantize's gelu), so GELU's bf16 output is never written.
 template <typename T>
 void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC,
                     const MatmulForwardOptions<T>& options, Fp8Amax inp_amax = Fp8Amax::compute, bool fp8_gelu = false) {
@@ -733,7 +856,12 @@ void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T*
     }
     m.profiler.mark("fwd.fp8cast");
     Fp8Tensor input = fp8_input(m, k, l, N);
-    fp8_cast(input, inp, N, C, true, m.fp8.kept_rows != 0, 0, options.inp_ld, inp_amax, fp8_gelu);
+    const bool training = m.fp8.kept_rows != 0;
+    unsigned* record = nullptr;
+    if (inp_amax == Fp8Amax::compute)
+        inp_amax = fp8_scaling(m, k == kAttproj ? kDelayedAtty : k == kFcproj ? kDelayedGelu : -1, l, training, &record);
+    fp8_cast(input, inp, N, C, true, training, options.inp_ld,
+             Fp8CastOptions().with_amax(inp_amax).with_gelu(fp8_gelu).with_record(record));
     m.profiler.mark("fwd.matmul");
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
         fp8_must(fp8_forward(out, input, fp8_weight(m, k, l), bias, true, 0, options.residual));
@@ -906,44 +1034,58 @@ inline void wgrad_wait(GPT& m, WgradPoint point) {
 
 // One linear layer's backward in FP8 (-f8 1; layer k of block l): dout is cast once, on the default
 // stream, into both e5m2 copies (layer k's pair, once the weight stream has read the block above's:
-// `point`; dout_amax as for linear_forward's inp_amax, from fp8_dout_amax), and dinp = dout weight runs
-// there (e5m2 x e4m3, fp32 promotion, bf16 out; a pre_gelu is not fused: the caller runs
-// gelu_backward_inplace, as with -ge 0). Then on the weight stream: dweight += inp^T dout from the
-// transposed e4m3 copy of inp that the forward kept (e4m3 x e5m2, fp32 promotion, += into the bf16
-// gradient), and dbias where one is asked for, as matmul_backward's column sums of the bf16 dout (a
-// matrix-vector product: deterministic).
+// `point`; dout_amax as for linear_forward's inp_amax, from fp8_dout_amax; dqkv's delayed), and dinp =
+// dout weight runs there (e5m2 x e4m3, fp32 promotion, bf16 out). Then on the weight stream: dweight +=
+// inp^T dout from the transposed e4m3 copy of inp that the forward kept (e4m3 x e5m2, fp32 promotion,
+// += into the bf16 gradient), and dbias where one is asked for, as matmul_backward's column sums of
+// the bf16 dout (a matrix-vector product: deterministic).
+// gelu_input (fc's backward): dout is GELU's output gradient and gelu_input GELU's input (fch); the
+// cast makes the copies of dout GELU'(gelu_input), the layer's output gradient, with a delayed scale,
+// and sums its columns per 64-row tile, which one small kernel adds into dbias in order (before the
+// fork: the layer's all-reduce waits for the default stream): that gradient is never in bf16.
 template <typename T>
 void linear_backward_fp8(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* dbias, const T* dout, int N, int C, int OC,
-                         WgradPoint point, Fp8Amax dout_amax) {
-    Fp8Buffers& f = m.fp8;
+                         WgradPoint point, Fp8Amax dout_amax, const T* gelu_input) {
     m.profiler.mark("bwd.fp8cast");
     wgrad_wait(m, point);
-    fp8_cast(f.dout[k], dout, N, OC, true, true, 0, 0, dout_amax);
+    Fp8Tensor d = fp8_dout(m, k, l);
+    unsigned* record = nullptr;
+    if (dout_amax == Fp8Amax::compute)
+        dout_amax = fp8_scaling(m, k == kQkv ? kDelayedDqkv : gelu_input ? kDelayedDfch : -1, l, true, &record);
+    Fp8CastOptions o = Fp8CastOptions().with_amax(dout_amax).with_record(record);
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        if (gelu_input) o.with_gelu_backward(gelu_input).with_column_sums(dbias ? m.fp8.colsum : nullptr);
+    fp8_cast(d, dout, N, OC, true, true, 0, o);
+    if (o.colsum) {
+        fp8_add_column_sums(dbias, m.fp8.colsum, N, OC);
+        dbias = nullptr;  // done
+    }
     const cudaStream_t ws = wgrad_fork(m);
     m.profiler.mark("bwd.matmul");
     if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        fp8_must(fp8_backward_input(dinp, f.dout[k], fp8_weight(m, k, l), false));
-        fp8_must(fp8_backward_weight(dweight, f.dout[k], fp8_input(m, k, l, N), false, ws));
+        fp8_must(fp8_backward_input(dinp, d, fp8_weight(m, k, l), false));
+        fp8_must(fp8_backward_weight(dweight, d, fp8_input(m, k, l, N), false, ws));
     }
     if (dbias) matmul_backward<T>(nullptr, nullptr, dbias, dout, nullptr, nullptr, N, C, OC, MatmulBackwardOptions<T>().with_stream(ws));
     wgrad_mark(m, point);
 }
 
 // One linear layer's backward (with -f8 1 linear_backward_fp8): dinp on the default stream, then
-// dweight (+ dbias) on the weight stream, which marks `point` once it has read dout and inp. The fork
-// comes first, so the weight gradients wait for dout only, not for dinp; dinp is enqueued first, so
+// dweight (+ dbias; -f8 1's fc's before the fork) on the weight stream, which marks `point` once it
+// has read dout and inp. The fork comes first, so the weight gradients wait for dout only, not for
+// dinp; dinp is enqueued first, so
 // the GPU's block scheduler serves the chain's kernel before the weight stream's (docs/performance.md
 // has the measurement).
 // inp_ld != 0: inp is a LayerNorm output with its column of ones (rows of inp_ld = ln_ld(C)), and the
 // weight and bias gradients come from one GEMM (matmul_backward_weight_bias, via Scratch::wgrad,
 // which the weight stream's GEMMs use one after another). 0: inp is (N, C).
-// dout_amax: -f8 1 only, as linear_backward_fp8 takes it.
+// dout_amax and fp8_gelu_input: -f8 1 only, as linear_backward_fp8 takes them (its gelu_input).
 template <typename T>
 void linear_backward(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int C, int OC, const T* pre_gelu, WgradPoint point, int inp_ld = 0,
-                     Fp8Amax dout_amax = Fp8Amax::compute) {
+                     Fp8Amax dout_amax = Fp8Amax::compute, const T* fp8_gelu_input = nullptr) {
     if (m.fp8.on) {
-        linear_backward_fp8(m, k, l, dinp, dweight, dbias, dout, N, C, OC, point, dout_amax);
+        linear_backward_fp8(m, k, l, dinp, dweight, dbias, dout, N, C, OC, point, dout_amax, fp8_gelu_input);
         return;
     }
     const cudaStream_t ws = wgrad_fork(m);
@@ -976,9 +1118,8 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
     if (m.fp8.on && m.fp8.kept_rows != BT)
         fail("gpt_backward: -f8 1 needs the last forward to have had a dloss and the same %d rows (its inputs' FP8 copies: %d rows)",
              BT, m.fp8.kept_rows);
-    // -f8 1: the LayerNorm backwards and GELU's write the amax of the output gradients they make
-    // (dresidual: fcproj's and attproj's dout; dbig: fc's) into its slot, for the cast to take as given;
-    // dqkv's cast computes its own.
+    // -f8 1: the LayerNorm backwards write the amax of dresidual (fcproj's and attproj's dout) into its
+    // slot, for the cast to take as given; fc's and qkv's are delayed (Fp8Buffers).
     const Fp8Amax given = Fp8Amax::given;
 
     Profiler& prof = m.profiler;
@@ -990,7 +1131,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
     // gradient (that layer's dout is this dresidual): fcproj's of the layer below, attproj's of its own.
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, scratch.layernorm, a.dln, a.residual3 + (L - 1) * btc, p.lnfw, s.lnf_mean,
                        s.lnf_rstd, BT, C,
-                       LayerNormBackwardOptions<floatX>().with_next_dbias(g.fcprojb + size_t(L - 1) * C).with_amax(fp8_dout_amax(m, kFcproj)));
+                       LayerNormBackwardOptions<floatX>().with_next_dbias(g.fcprojb + size_t(L - 1) * C).with_amax(fp8_dout_amax(m, kFcproj, L - 1)));
     for (int l = L - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
         const floatX* ln1 = a.ln1 + l * btcp;
@@ -1010,24 +1151,25 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
             gelu_forward(fch_gelu, fch, 4 * btc);
         }
         prof.mark("bwd.matmul");
-        wgrad_wait(m, kReadDbig);  // the layer above's fc weight gradients read dbig
+        // the layer above's fc weight gradients read dbig (-f8 1: its FP8 copies, which fc's cast waits for)
+        if (!m.fp8.on) wgrad_wait(m, kReadDbig);
         // -ge 2: the epilogue multiplies by gelu'(fch), so dbig leaves as the gradient of fch.
         // (-f8 1 reads the GELU output's FP8 copy that the forward kept, not fch_gelu, which it has not)
         linear_backward(m, kFcproj, l, a.dbig, g.fcprojw + fc_w, none, a.dresidual, fch_gelu, p.fcprojw + fc_w, BT, 4 * C, C,
                         gelu_fusion >= 2 ? fch : none, kReadMlpDresidual, 0, given);
-        if (gelu_fusion < 2) {
+        if (gelu_fusion < 2 && !m.fp8.on) {  // -f8 1: in fc's output gradient's cast, from fch
             prof.mark("bwd.gelu");
-            gelu_backward_inplace(a.dbig, fch, 4 * btc, 0, fp8_dout_amax(m, kFc));
+            gelu_backward_inplace(a.dbig, fch, 4 * btc);
         }
         prof.mark("bwd.matmul");
         linear_backward(m, kFc, l, a.dln, g.fcw + fc_w, g.fcb + size_t(l) * 4 * C, a.dbig, ln2, p.fcw + fc_w, BT, C, 4 * C, none,
-                        kReadDbig, Cp, gelu_fusion < 2 ? given : Fp8Amax::compute);
+                        kReadDbig, Cp, Fp8Amax::compute, m.fp8.on ? fch : none);
         // += into dresidual: it becomes the gradient of residual2.
         prof.mark("bwd.layernorm");
         wgrad_wait(m, kReadMlpDresidual);
         layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, scratch.layernorm, a.dln, residual2, p.ln2w + l * C,
                            s.ln2_mean + l * BT, s.ln2_rstd + l * BT, BT, C,
-                           LayerNormBackwardOptions<floatX>().with_next_dbias(g.attprojb + size_t(l) * C).with_amax(fp8_dout_amax(m, kAttproj)));
+                           LayerNormBackwardOptions<floatX>().with_next_dbias(g.attprojb + size_t(l) * C).with_amax(fp8_dout_amax(m, kAttproj, l)));
         // Attention. dln now holds the gradient of atty, scratch.dqkv that of qkv.
         prof.mark("bwd.matmul");
         linear_backward(m, kAttproj, l, a.dln, g.attprojw + size_t(l) * C * C, none, a.dresidual, atty,
@@ -1049,7 +1191,7 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
                            s.ln1_mean + l * BT, s.ln1_rstd + l * BT, BT, C,
                            LayerNormBackwardOptions<floatX>()
                                .with_next_dbias(l > 0 ? g.fcprojb + size_t(l - 1) * C : none)
-                               .with_amax(l > 0 ? fp8_dout_amax(m, kFcproj) : nullptr));
+                               .with_amax(l > 0 ? fp8_dout_amax(m, kFcproj, l - 1) : nullptr));
         // layer l's gradients are final (fcprojb's came from the layer above)
         if (reduce) dp_reduce_layer<floatX>(m.dp, l, m.wgrad.stream);
     }
@@ -1060,8 +1202,9 @@ inline void gpt_backward(GPT& m, int B, int T, bool last_micro_batch = false) {
     wgrad_wait(m, kReadDqkv);
     if (reduce) {
         prof.mark("bwd.allreduce");  // what the all-reduces add to the step, beyond the overlap
-        dp_reduce_rest<floatX>(m.dp, &scratch.step->loss_sum, m.wgrad.stream);
+        dp_reduce_rest<floatX>(m.dp, &scratch.step->loss_sum, m.wgrad.stream, m.fp8.seen, m.fp8.on ? kNumDelayed * L : 0);
     }
+    if (last_micro_batch) gpt_fp8_history_push(m);
     prof.mark(nullptr);
 }
 
@@ -1859,6 +2002,7 @@ static void restore_state(Run& r) {
     if (r.resumed) {
         gpt_set_optimizer_state(r.m, r.state.adam_m, r.state.adam_v);
         r.state.adam_m = std::vector<float>(), r.state.adam_v = std::vector<float>();
+        gpt_set_fp8_history(r.m, r.state.fp8_history, r.state.fp8_history_steps);
         r.last_checkpoint = r.state.step;
     }
     r.host.params = std::vector<float>();
@@ -1982,6 +2126,7 @@ static void checkpoint(Run& r, int step) {
     st.step = step, st.loader_epoch = r.train.epoch, st.loader_cursor = r.train.cursor, st.sampler_rng = r.sampler.state;
     st.head = r.m.exp_head.on ? 2 : 1;
     st.outliers = r.guard.windows;
+    st.fp8_history = gpt_fp8_history(r.m, &st.fp8_history_steps);
     gpt_save_checkpoint(r.m, r.o.out_dir, st);
     if (r.lead) {
         DistSolo solo(r.dist);
@@ -2161,6 +2306,10 @@ static void report(const Run& r, double start) {
            "peak GPU memory %.2f GiB%s\n",
            (int)r.step_ms.size(), format_duration(now_seconds() - start).c_str(), r.train_loss, val_text, median_ms,
            r.total_batch / (median_ms * 1e-3), r.peak_used / 1073741824.0, r.dist.multi() ? " (rank 0)" : "");
+    if (r.m.fp8.on)
+        printf("FP8 delayed scales: %d of %lld tensor-steps saturated (a tensor past its scale's range: atty, GELU's output, "
+               "fch's gradient and dqkv of each block, each step that had a history)\n",
+               gpt_fp8_saturated(r.m), (long long)r.m.fp8.delayed_casts);
     if (r.m.settings.gelu_fusion > 0)
         printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "
                "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);

@@ -96,9 +96,11 @@ template <typename T> void dp_reduce_layer(DataParallel& dp, int l, cudaStream_t
 #endif
 }
 
-// The last bucket (the tensors not per layer, and the step's loss sum), then the default stream
-// waits for every all-reduce of the step.
-template <typename T> void dp_reduce_rest(DataParallel& dp, double* loss_sum, cudaStream_t wgrad_stream) {
+// The last bucket (the tensors not per layer, the step's loss sum, and the largest of the ranks' FP8
+// amaxes, amax_count floats' bits, for the delayed scales), then the default stream waits for every
+// all-reduce of the step.
+template <typename T>
+void dp_reduce_rest(DataParallel& dp, double* loss_sum, cudaStream_t wgrad_stream, unsigned* amax_bits = nullptr, int amax_count = 0) {
 #if !defined(NO_NCCL)
     if (!dp.multi()) return;
     dp_after_backward(dp, wgrad_stream);
@@ -107,6 +109,8 @@ template <typename T> void dp_reduce_rest(DataParallel& dp, double* loss_sum, cu
     for (const GradientTensor& g : dp.grads)
         if (!g.per_layer) nccl_check(ncclAllReduce(g.data, g.data, g.count, nccl_type<T>(), ncclSum, comm, dp.dist->stream));
     nccl_check(ncclAllReduce(loss_sum, loss_sum, 1, ncclFloat64, ncclSum, comm, dp.dist->stream));
+    if (amax_count > 0)  // non-negative floats order as their bits do
+        nccl_check(ncclAllReduce(amax_bits, amax_bits, amax_count, ncclUint32, ncclMax, comm, dp.dist->stream));
     nccl_check(ncclGroupEnd());
     dp_join(dp);
 #endif

@@ -74,6 +74,7 @@ TRAIN_STATE = Header("train_state", TRAIN_STATE_MAGIC, TRAIN_STATE_VERSION, [
     ("shuffle", 18, "i4"), ("data_crc", 19, "u4"), ("data_tokens", 20, "u8"), ("gelu_fusion", 22, "i4"),
     ("recompute", 23, "i4"), ("total_batch", 24, "u8"), ("head", 26, "i4"),
     ("outlier_bytes", 27, "u4"), ("fp8", 28, "i4"),  # bytes of OUTLIER_WINDOWS after the three arrays (0: a file from before them)
+    ("fp8_history_bytes", 29, "u4"), ("fp8_history_steps", 30, "i8"),  # -f8 1's amax history (fp32) after the windows, and its steps
     ("cursor_unit", 255, "i4")])
 # TRAIN_STATE's cursor_unit: what loader_cursor counts (0 in files written before it was recorded).
 CURSOR_WINDOWS, CURSOR_SEQUENCES = 0, 1

@@ -133,6 +133,7 @@ static void write_formats(const std::string& dir) {
     SET_FIELD("train_state", st, gelu_fusion); SET_FIELD("train_state", st, recompute);
     SET_FIELD("train_state", st, total_batch); SET_FIELD("train_state", st, head); SET_FIELD("train_state", st, cursor_unit);
     SET_FIELD("train_state", st, outlier_bytes); SET_FIELD("train_state", st, fp8);
+    SET_FIELD("train_state", st, fp8_history_bytes); SET_FIELD("train_state", st, fp8_history_steps);
     write_header(dir, "train_state", &st, sizeof(st));
     ReferenceHeader ref;
     KEEP_FIELD("reference", ref, magic); KEEP_FIELD("reference", ref, version);

@@ -4,6 +4,9 @@
 # 10. `make` builds train_gpt_bf16; this script builds nothing.
 #   determinism   two runs with -f8 1: identical step lines (loss, norm) and validation lines
 #   setup         the setup printout says -f8 1, and the memory line reports the FP8 copies
+#   delayed       the delayed scales' report counts 4 L (steps - 1) tensor-steps scaled by the history in a new
+#                 run (its first step scales by the current amax), and 4 L steps in a resumed one (its
+#                 history came from the checkpoint); how many saturated is printed
 #   vs bf16       -f8 1 against -f8 0 from the same init and data: every step's loss within 2% relative,
 #                 the last step's within 1% (the bound below)
 #   resume        -f8 1 saved at step 10 and resumed with -f8 1: steps 11..30 and the validation losses
@@ -30,7 +33,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-checks=(determinism setup vs-bf16 resume-f8 resume-bf16 recompute overlap refusals)
+checks=(determinism setup delayed vs-bf16 resume-f8 resume-bf16 recompute overlap refusals)
 passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -103,7 +106,7 @@ cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | hea
 if awk -v c="$cap" 'BEGIN { exit !(c + 0 < 8.9) }'; then
     train "$tmp/cc" "${run[@]}" -x 2 -f8 1
     refused "refusals: -f8 1 on a GPU of compute capability $cap" "compute capability 8.9" "$tmp/cc"
-    for check in "${checks[@]:0:7}"; do
+    for check in "${checks[@]:0:8}"; do
         echo "train_gpt_bf16 -f8 1 $check: skipped (FP8 needs compute capability 8.9, the GPU has $cap)"
         skipped=$((skipped + 1))
     done
@@ -128,6 +131,15 @@ fi
 ok=0
 grep -q '^device: .*FP8 linear layers -f8 1 ' "$tmp/a.out" && grep -q '^memory: .*(-f8 1: .* GiB of it FP8 copies' "$tmp/a.out" && ok=1
 report "setup: the device line says -f8 1, the memory line the FP8 copies" $ok "$(grep -o '(-f8 1: [^)]*)' "$tmp/a.out" | head -n 1)"
+
+# delayed_count NAME LOG N: LOG's report line counts N delayed tensor-steps
+delayed_count() {
+    local line got
+    line=$(grep '^FP8 delayed scales: ' "$2" | head -n 1)
+    got=$(sed -n 's/^FP8 delayed scales: [0-9]* of \([0-9]*\) tensor-steps.*/\1/p' <<<"$line")
+    report "$1" "$([[ $got == "$3" ]] && echo 1 || echo 0)" "${line:-no report line} (expected $3)"
+}
+delayed_count "delayed: a new run's 29 steps after the first, 4 x 12 blocks each" "$tmp/a.out" $((4 * 12 * 29))
 
 # ---- BASE_BIN: another build, the same run, the same bits
 if [[ -n ${BASE_BIN:-} ]]; then
@@ -169,6 +181,7 @@ else
     numeric_vals "$tmp/r2.out" >"$tmp/r2.vals"
     same "resume: -f8 1 resumed at 10, steps 11..30 = the run never stopped" "$tmp/a.second" "$tmp/r2.steps" 20
     same "resume: -f8 1 resumed at 10, val losses (10, 20, 30) = its" "$tmp/a.vals2" "$tmp/r2.vals" 3
+    delayed_count "delayed: the resumed run's 20 steps all scaled by the history" "$tmp/r2.out" $((4 * 12 * 20))
     f=state_00000030.bin
     if cmp -s "$tmp/A/$f" "$tmp/R/$f"; then report "resume: -f8 1 resumed, its $f = the run never stopped's" 1 "byte for byte"
     else report "resume: -f8 1 resumed, its $f = the run never stopped's" 0 "$(cmp "$tmp/A/$f" "$tmp/R/$f" 2>&1 | head -n 1)"; fi

@@ -19,6 +19,11 @@
 #   determinism   the N-GPU run twice: the same step lines and final state file, byte for byte
 #   resume        saved on N at step 10, resumed on N: the same bits as the run never stopped;
 #                 resumed on 1: within the bf16 equivalence bounds
+#   FP8           (a GPU of compute capability 8.9 or newer) -f8 1 on N GPUs against 1 GPU accumulating, at a
+#                 gentle -l 5e-5 (at 6e-4 the loss jumps, and two FP8 runs a rounding apart jump apart):
+#                 within the bf16 bounds; saved on N at step 10 and resumed on N: the same bits as the
+#                 run never stopped (the delayed scales' amax history, max-reduced over the ranks each
+#                 step, is every rank's, and rank 0's checkpoint restores it on all)
 #   failures      kill -9 of rank 1: rank 0 ends with one line within 60 s; ranks started with
 #                 different flags are refused; more ranks than GPUs is an error
 # Needs 2 GPUs or more; elsewhere every check but the comparator's own says `skipped (needs 2 GPUs)`. Ends with `N passed, N failed, N skipped`.
@@ -28,7 +33,7 @@ PYTHON=${PYTHON:-python3}
 checks=("equivalence fp32" "equivalence bf16" "split -b 8: steps" "split -b 8: validation" "split -b 2: steps"
         "split -b 2: validation" "mpirun" "mpirun without a secret" "launch.sh makes a secret"
         "another secret on rank 1" "srun's variables" "srun's variables without a secret" "equivalence over sockets" "determinism"
-        "resume on all" "resume on 1" "kill one rank" "different flags" "more ranks than GPUs")
+        "resume on all" "resume on 1" "FP8 equivalence" "FP8 resume on all" "kill one rank" "different flags" "more ranks than GPUs")
 passed=0 failed=0 skipped=0
 report() {
     if [[ $2 -eq 1 ]]; then passed=$((passed + 1)); printf '  %-66s ok    %s\n' "$1" "$3"
@@ -180,6 +185,21 @@ report "resume on $n GPUs from step 10: the same bits as the run never stopped" 
 ./train_gpt_bf16 "${run[@]}" -o "$tmp/C" -n 10 -y 1 >"$tmp/c.log" 2>&1
 # (exactly steps 11..20: a run that started over instead would print 20)
 close "resume on 1 GPU from the $n-GPU step 10 (bf16)" "$tmp/a.log" "$tmp/c.log" 1e-2 10 loss
+
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
+if awk -v c="$cap" 'BEGIN { exit !(c + 0 < 8.9) }'; then
+    for c in "FP8 equivalence" "FP8 resume on all"; do echo "multi-GPU $c: skipped (FP8 needs compute capability 8.9, the GPU has $cap)"; skipped=$((skipped + 1)); done
+else
+    fp8_run=("${run[@]/#6e-4/5e-5}" -f8 1)
+    ./train_gpt_bf16 "${fp8_run[@]}" >"$tmp/one_f8.log" 2>&1
+    timeout 300 scripts/launch.sh $n ./train_gpt_bf16 "${fp8_run[@]}" -o "$tmp/F" -n 10 >"$tmp/f8.log" 2>&1
+    close "FP8 equivalence: -f8 1 on $n GPUs against 1 GPU with accumulation" "$tmp/f8.log" "$tmp/one_f8.log" 1e-2 20 loss
+    mkdir -p "$tmp/G" && cp "$tmp/F"/*_00000010.bin "$tmp/G"/
+    timeout 300 scripts/launch.sh $n ./train_gpt_bf16 "${fp8_run[@]}" -o "$tmp/G" -n 10 -y 1 >"$tmp/g8.log" 2>&1
+    report "FP8 resume on $n GPUs from step 10 (-f8 1): the same bits as the run never stopped" \
+        "$(grep -q '^resuming from step 10 ' "$tmp/g8.log" && cmp -s <(numeric_steps "$tmp/f8.log" | awk '$1 > 10') <(numeric_steps "$tmp/g8.log") &&
+            cmp -s "$tmp/F/state_00000020.bin" "$tmp/G/state_00000020.bin" && echo 1 || echo 0)" "$(grep -m1 resuming "$tmp/g8.log")"
+fi
 
 scripts/launch.sh $n ./train_gpt_bf16 -e d12 -i "$tmp/train.bin" -j "$tmp/val.bin" -b 4 -t 256 -x 100000 -v 0 -s 0 >"$tmp/k.log" 2>&1 &
 launcher=$!

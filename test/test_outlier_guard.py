@@ -163,7 +163,8 @@ def state_file(d, step):
 
 
 def rewrite(path, section=None, outlier_bytes=None, fix_crc=True):
-    """The state file with its outlier section replaced (None: kept) and the crc made right again."""
+    """The state file with its outlier section replaced (None: kept) and the crc made right again. The
+    section is the file's last (these runs have no -f8 1, whose amax history would follow it)."""
     data = bytearray(open(path, "rb").read())
     fields = ff.TRAIN_STATE.unpack(data)
     old = fields["outlier_bytes"]

@@ -98,7 +98,10 @@
 // runs the same bits; shapes with a dimension not a multiple of 16, and a misaligned input, refused.
 // Training's other casts, byte for byte against fp8_quantize's: batches of weights (fp8_quantize_batch,
 // e4m3 and e5m2, each matrix its own scale, nothing written past the batch) and an amax given by the
-// kernel that wrote the tensor (LayerNorm's and GELU's amax options, whose outputs must not change).
+// kernel that wrote the tensor (LayerNorm's and GELU's amax options, whose outputs must not change);
+// delayed scaling's casts, from an amax planted below and above x's (the values past the format's
+// largest saturate), with x's own amax recorded in the same read; GELU's backward in the cast, with the
+// column sums that give the bias gradient (against float64).
 // Then d12's and d48's layers (8192 rows with --check, else the benchmark's) against the bf16 GEMMs:
 // ||v2 - v1|| / ||v1|| within bound 2's iid value plus both GEMMs' own terms, two runs the same bits.
 //
@@ -664,7 +667,7 @@ void check_given_amax(TestCounter& tests, bool gpu, Rng& rng) {
         produce(out_plain.ptr, nullptr);
         std::string why = fp8_quantize(plain, out_plain.ptr, c.N, c.C, true, true, 0, c.ld);
         produce(out_amax.ptr, fp8_amax_slot(given));
-        if (why.empty()) why = fp8_quantize(given, out_amax.ptr, c.N, c.C, true, true, 0, c.ld, Fp8Amax::given);
+        if (why.empty()) why = fp8_quantize(given, out_amax.ptr, c.N, c.C, true, true, 0, c.ld, Fp8CastOptions().with_amax(Fp8Amax::given));
         cuda_check(cudaDeviceSynchronize());
         const std::vector<bf16> y_plain = out_plain.download(), y_amax = out_amax.download();
         const bool same_out = std::memcmp(y_plain.data(), y_amax.data(), n_out * sizeof(bf16)) == 0;
@@ -691,7 +694,7 @@ void check_given_amax(TestCounter& tests, bool gpu, Rng& rng) {
     LabFp8Tensor t(kE4M3, x.size());
     const float planted = 100.0f;  // not x's amax (below 1): s 2^2, where x's own would give 2^8
     cuda_check(cudaMemcpy(t.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
-    const std::string why = fp8_quantize(t, dx.ptr, 64, 64, true, false, 0, 0, Fp8Amax::given);
+    const std::string why = fp8_quantize(t, dx.ptr, 64, 64, true, false, 0, 0, Fp8CastOptions().with_amax(Fp8Amax::given));
     cuda_check(cudaDeviceSynchronize());
     const std::vector<float> meta = t.meta_buf.download();
     const bool ok = why.empty() && meta[2] == planted && meta[1] == fp8_scale(planted, kE4M3.emax);
@@ -725,7 +728,7 @@ void check_gelu_cast(TestCounter& tests, bool gpu, Rng& rng) {
         dy.poison();
         LabFp8Tensor fused(kE4M3, n), plain(kE4M3, n);
         fused.poison(), plain.poison();
-        std::string why = fp8_quantize(fused, dx.ptr, c.R, c.C, c.natural, c.transposed, 0, 0, Fp8Amax::compute, true);
+        std::string why = fp8_quantize(fused, dx.ptr, c.R, c.C, c.natural, c.transposed, 0, 0, Fp8CastOptions().with_gelu());
         gelu_forward(dy.ptr, (const bf16*)dx.ptr, n);
         if (why.empty()) why = fp8_quantize(plain, dy.ptr, c.R, c.C, c.natural, c.transposed);
         cuda_check(cudaDeviceSynchronize());
@@ -734,6 +737,163 @@ void check_gelu_cast(TestCounter& tests, bool gpu, Rng& rng) {
         const bool ok = why.empty() && same_cast(a, b) && guards;
         printf("  %-44s %s %sFP8 copies and scale %s gelu_forward's output cast; amax %.6g; guards %s\n", what.c_str(), ok ? "ok  " : "FAIL",
                why.empty() ? "" : ("REFUSED: " + why + "; ").c_str(), same_cast(a, b) ? "the same as" : "DIFFERENT from", a.meta[2],
+               guards ? "intact" : "WRITTEN");
+        tests.record(ok);
+    }
+}
+
+// Delayed scaling's casts (train_gpt -f8 1's atty, GELU(fch) and dqkv): the scale from an amax the
+// caller planted in the slot (Fp8Amax::given), not x's, and x's own amax recorded (fp8_quantize's
+// record) in the same read. The planted amax is x's / 5 (the tensor outgrew its scale: the values past
+// the format's largest saturate to it) or x's x 3 (room to spare). Checked: the scale is fp8_scale of the
+// planted amax, the slot keeps it, every byte of q is the host's rounding of x s clamped to +-max (for
+// GELU: the bytes of gelu_forward's output cast the same way), qt is q transposed, the recorded amax is
+// x's (GELU(x)'s) exactly and only ever raised (it starts at a smaller value's bits), the guards intact.
+void check_delayed_cast(TestCounter& tests, bool gpu, Rng& rng) {
+    struct Case {
+        const Fp8Format* f;
+        bool gelu;
+        int R, C;
+        float planted_over_amax;
+    };
+    const Case cases[] = {{&kE4M3, false, 208, 144, 0.2f}, {&kE4M3, false, 64, 768, 3.0f}, {&kE5M2, false, 48, 2304, 0.2f},
+                          {&kE5M2, false, 1024, 48, 3.0f}, {&kE4M3, true, 64, 3072, 0.2f}, {&kE4M3, true, 208, 400, 3.0f}};
+    for (const Case& c : cases) {
+        const std::string what = strf("delayed %s%s %d x %d, planted amax x %.1f", c.f->name, c.gelu ? " GELU" : "", c.R, c.C,
+                                      c.planted_over_amax);
+        if (!gpu) {
+            tests.skip(what.c_str());
+            continue;
+        }
+        const size_t n = size_t(c.R) * c.C;
+        std::vector<bf16> x(n);
+        if (c.gelu) fill_uniform(x, -8.0f, 3.0f, rng);
+        else fill_uniform(x, -3.0f, 2.0f, rng);
+        DeviceBuffer<bf16> dx(n, "input"), dy(n, "GELU output");
+        dx.upload(x);
+        std::vector<bf16> y = x;  // what is cast: x, or GELU(x) as gelu_forward writes it
+        if (c.gelu) {
+            gelu_forward(dy.ptr, (const bf16*)dx.ptr, n);
+            cuda_check(cudaDeviceSynchronize());
+            y = dy.download();
+        }
+        float amax = 0.0f;
+        for (const bf16& v : y) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+        const float planted = amax * c.planted_over_amax, before = amax / 64;  // the record's value before the cast
+        DeviceBuffer<unsigned> record(1, "recorded amax");
+        auto cast = [&](LabFp8Tensor& t, const bf16* src, bool gelu) {
+            t.poison();
+            cuda_check(cudaMemcpy(t.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+            cuda_check(cudaMemcpy(record.ptr, &before, sizeof(float), cudaMemcpyHostToDevice));
+            const std::string why = fp8_quantize(t, src, c.R, c.C, true, true, 0, 0,
+                                                  Fp8CastOptions().with_amax(Fp8Amax::given).with_gelu(gelu).with_record(record.ptr));
+            cuda_check(cudaDeviceSynchronize());
+            return why;
+        };
+        LabFp8Tensor t(*c.f, n), plain(*c.f, n);
+        std::string why = cast(t, dx.ptr, c.gelu);
+        const CastBytes got = cast_bytes(t);
+        float recorded = 0.0f;
+        cuda_check(cudaMemcpy(&recorded, record.ptr, sizeof(float), cudaMemcpyDeviceToHost));
+        const float s = fp8_scale(planted, c.f->emax);
+        size_t bad_q = 0, bad_qt = 0, saturated = 0;
+        std::vector<uint8_t> ref_q;
+        if (c.gelu && why.empty()) {  // the GELU cast against gelu_forward's output cast alike
+            why = cast(plain, dy.ptr, false);
+            ref_q = cast_bytes(plain).q;
+        }
+        for (int r = 0; r < c.R; r++)
+            for (int j = 0; j < c.C; j++) {
+                const size_t i = size_t(r) * c.C + j;
+                const double v = double(__bfloat162float(y[i])) * s;
+                saturated += std::fabs(v) > c.f->max;
+                bad_q += c.gelu ? got.q[i] != ref_q[i] : fp8_decode(got.q[i], *c.f) != fp8_round(v, *c.f);
+                bad_qt += got.qt[size_t(j) * c.R + r] != got.q[i];
+            }
+        const bool scale_ok = got.meta[2] == planted && got.meta[1] == s && double(got.meta[0]) * s == 1.0;
+        const bool guards = guard_intact(got.q, n) && guard_intact(got.qt, n);
+        const bool ok = why.empty() && scale_ok && bad_q == 0 && bad_qt == 0 && recorded == amax && guards &&
+                        (c.planted_over_amax < 1.0f) == (saturated > 0);
+        printf("  %-44s %s %ss 2^%d from the planted amax%s; %zu values saturated; %zu bytes not the %s, %zu transposed "
+               "differ; recorded amax %.6g (host %.6g); guards %s\n",
+               what.c_str(), ok ? "ok  " : "FAIL", why.empty() ? "" : ("REFUSED: " + why + "; ").c_str(), int(std::lround(std::log2(s))),
+               scale_ok ? "" : " (SCALE OR SLOT WRONG)", saturated, bad_q, c.gelu ? "GELU output's cast" : "host's rounding", bad_qt,
+               recorded, amax, guards ? "intact" : "WRITTEN");
+        tests.record(ok);
+    }
+}
+
+// fp8_quantize's gelu_backward (train_gpt -f8 1 casts fc's output gradient so): x, GELU's output
+// gradient, and z, its input, in; the e5m2 copies of x GELU'(z) out, with their column sums (fc's bias
+// gradient) and amax recorded. Against gelu_backward_inplace's bf16 output cast by fp8_quantize: every
+// byte of both copies and the scale, with the cast's own amax pass and again with that amax given (as
+// delayed scaling runs it); the recorded amax the host's of that bf16 output exactly; bias += the column
+// sums (fp8_add_column_sums) against a float64 sum of the bf16 output (bound: the fp32 sums' rounding,
+// R 2^-24 sum |y| a column, plus the bf16 rounding of the result, 2^-8 |bias|), and a second run the
+// same bits; x left as it was. z from [-8, 3) spans GELU's dip and tail; partial tiles (R not a
+// multiple of 64, C not of 64).
+void check_gelu_backward_cast(TestCounter& tests, bool gpu, Rng& rng) {
+    struct Case {
+        int R, C;
+    };
+    const Case cases[] = {{256, 3072}, {208, 144}, {4096, 48}, {16, 2304}};
+    for (const Case& c : cases) {
+        const std::string what = strf("GELU backward cast %d x %d", c.R, c.C);
+        if (!gpu) {
+            tests.skip(what.c_str());
+            continue;
+        }
+        const size_t n = size_t(c.R) * c.C;
+        std::vector<bf16> x(n), z(n), bias(c.C);
+        fill_uniform(x, -1.0f, 1.0f, rng);
+        fill_uniform(z, -8.0f, 3.0f, rng);
+        fill_uniform(bias, -0.5f, 0.5f, rng);
+        DeviceBuffer<bf16> dx(n, "GELU output gradient"), dz(n, "GELU input"), dy(n, "gelu_backward_inplace output");
+        DeviceBuffer<bf16> d_bias(c.C, "bias gradient"), d_bias2(c.C, "bias gradient, again");
+        DeviceBuffer<float> partials(size_t(fp8_column_sum_tiles(c.R)) * c.C, "column sums");
+        DeviceBuffer<unsigned> record(1, "recorded amax");
+        dx.upload(x), dz.upload(z), dy.upload(x), d_bias.upload(bias), d_bias2.upload(bias);
+        partials.poison();
+        cuda_check(cudaMemset(record.ptr, 0, sizeof(unsigned)));
+        LabFp8Tensor fused(kE5M2, n), given(kE5M2, n), plain(kE5M2, n);
+        fused.poison(), given.poison(), plain.poison();
+        const Fp8CastOptions o = Fp8CastOptions().with_gelu_backward(dz.ptr).with_record(record.ptr).with_column_sums(partials.ptr);
+        std::string why = fp8_quantize(fused, dx.ptr, c.R, c.C, true, true, 0, 0, o);
+        if (why.empty()) fp8_add_column_sums(d_bias.ptr, partials.ptr, c.R, c.C);
+        gelu_backward_inplace(dy.ptr, (const bf16*)dz.ptr, n);
+        if (why.empty()) why = fp8_quantize(plain, dy.ptr, c.R, c.C, true, true);
+        cuda_check(cudaDeviceSynchronize());
+        const std::vector<float> plain_meta = plain.meta_buf.download();
+        cuda_check(cudaMemcpy(given.meta + 2, &plain_meta[2], sizeof(float), cudaMemcpyHostToDevice));
+        Fp8CastOptions og = o;
+        if (why.empty()) why = fp8_quantize(given, dx.ptr, c.R, c.C, true, true, 0, 0, og.with_amax(Fp8Amax::given));
+        if (why.empty()) fp8_add_column_sums(d_bias2.ptr, partials.ptr, c.R, c.C);
+        cuda_check(cudaDeviceSynchronize());
+        const std::vector<bf16> y = dy.download(), got = d_bias.download(), again = d_bias2.download(), x_after = dx.download();
+        float amax = 0.0f, recorded = 0.0f;
+        for (const bf16& v : y) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+        cuda_check(cudaMemcpy(&recorded, record.ptr, sizeof(float), cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        for (int j = 0; j < c.C; j++) {
+            double sum = 0.0, abs_sum = 0.0;
+            for (int i = 0; i < c.R; i++) {
+                const double v = __bfloat162float(y[size_t(i) * c.C + j]);
+                sum += v, abs_sum += std::fabs(v);
+            }
+            const double ref = double(__bfloat162float(bias[j])) + sum;
+            const double bound = c.R * std::ldexp(1.0, -24) * abs_sum + std::ldexp(1.0, -8) * std::fabs(ref) + 1e-30;
+            worst = std::max(worst, std::fabs(double(__bfloat162float(got[j])) - ref) / bound);
+        }
+        const CastBytes a = cast_bytes(fused), g = cast_bytes(given), p = cast_bytes(plain);
+        const bool same = same_cast(a, p) && same_cast(g, p);
+        const bool repeat = std::memcmp(got.data(), again.data(), c.C * sizeof(bf16)) == 0;
+        const bool untouched = std::memcmp(x.data(), x_after.data(), n * sizeof(bf16)) == 0;
+        const bool guards = guard_intact(a.q, n) && guard_intact(a.qt, n);
+        const bool ok = why.empty() && same && recorded == amax && worst <= 1.0 && repeat && untouched && guards;
+        printf("  %-34s %s %sFP8 copies and scale %s gelu_backward_inplace's output cast (own amax and given); recorded amax %.6g "
+               "(host %.6g); bias worst error / bound %.3f, a second run %s; x %s; guards %s\n",
+               what.c_str(), ok ? "ok  " : "FAIL", why.empty() ? "" : ("REFUSED: " + why + "; ").c_str(), same ? "the same as" : "DIFFERENT from",
+               recorded, amax, worst, repeat ? "the same bits" : "DIFFERENT BITS", untouched ? "untouched" : "WRITTEN",
                guards ? "intact" : "WRITTEN");
         tests.record(ok);
     }
@@ -1022,6 +1182,10 @@ int main(int argc, char** argv) {
     check_given_amax(tests, gpu, rng);
     printf("\nthe cast applying GELU (fp8_quantize's gelu) against gelu_forward, then the cast:\n");
     check_gelu_cast(tests, gpu, rng);
+    printf("\ndelayed scaling: the scale from a planted amax, the cast's own amax recorded:\n");
+    check_delayed_cast(tests, gpu, rng);
+    printf("\nGELU's backward in the output gradient's cast, with its column sums (a bias gradient), against gelu_backward_inplace:\n");
+    check_gelu_backward_cast(tests, gpu, rng);
 
     std::vector<BlockSummary> blocks;
     auto gpt2 = [&](int N, bool timing) {
