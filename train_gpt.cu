@@ -113,7 +113,7 @@ template <typename P> struct ActivationSet {
     // backward scratch
     P dresidual;  // (B, T, C)     gradient of the residual stream
     P dln;        // (B, T, C)     gradient of a LayerNorm output / of atty
-    P dbig;       // (B, T, 4C)    gradient of fch_gelu / fch, then of qkv
+    P dbig;       // (B, T, 4C)    gradient of fch_gelu / fch (-f8 1: of fch_gelu only), then of qkv
     P dqkvr;      // (3, B, NH, T, HS) (cuBLAS attention only)
     P datt;       // (B, NH, T, T) (cuBLAS attention only)
 };
