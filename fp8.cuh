@@ -328,7 +328,7 @@ inline std::string fp8_quantize(Fp8Tensor& t, const __nv_bfloat16* x, int R, int
 }
 
 // bias[c] += the sum over the tiles' column sums of column c (fp8_quantize's colsum for R rows and C
-// columns), added in tile order, rounded to T once: a bias gradient, as matmul_backward's
+// columns), added in a fixed order, rounded to T once: a bias gradient, as matmul_backward's
 // matrix-vector product adds it, without reading the output gradient again. Deterministic.
 // A block takes 32 columns: thread (x, y) sums tiles y, y + 16, y + 32, ... of column x in order, then
 // thread (x, 0) adds the 16 sums in order and the bias.

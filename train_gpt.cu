@@ -333,16 +333,17 @@ struct WeightStream {
 // GELU's backward happens in fc's output gradient's cast: fcproj's dinp GEMM leaves GELU's output
 // gradient in dbig, and the cast writes the FP8 copies of dbig GELU'(fch) and their column sums
 // (fc's bias gradient), so the bf16 gradient of fch is neither written nor read.
-// Scaling: each tensor's scale is fp8_scale of an amax, and every amax is found without a pass of its
-// own. The weights' come from their batched casts; ln1's and ln2's from the LayerNorm forward, and
-// dresidual's (fcproj's and attproj's output gradient) from the LayerNorm backward, which write the
-// amax of what they write (current scaling: this micro-batch's own). No kernel writes the other four:
-// atty, GELU(fch), fch's gradient (those two made in their casts) and dqkv. Those take delayed scaling, as
+// Scaling: each tensor's scale is fp8_scale of an amax, found without a pass over the activations or
+// gradients after a run's first step. The weights' come from their batched casts (one amax launch per
+// layer kind a step); ln1's and ln2's from the LayerNorm forward, and dresidual's (fcproj's and
+// attproj's output gradient) from the LayerNorm backward, which write the amax of what they write
+// (current scaling: this micro-batch's own). No kernel writes the amax of the other four: atty, dqkv
+// (the attention kernels'), GELU(fch) and fch's gradient (made in their casts). Those take delayed scaling, as
 // Transformer Engine's delayed recipe does: the scale of twice the largest amax of the last
 // kFp8History training steps (each training cast records its tensor's amax, the step's is the max over
 // micro-batches and ranks). The factor 2 is one binade of headroom, so that a tensor may grow 2-4x past
 // that amax before any value saturates to the format's largest (it costs the format's lowest binade);
-// the run reports how many delayed casts saturated. A run's first step, with no history yet, scales
+// the run reports how many (tensor, step) pairs saturated. A run's first step, with no history yet, scales
 // them by their current amax (a pass each); the history goes into the checkpoints, so a resumed run
 // scales as the uninterrupted one.
 enum LinearLayer { kQkv, kAttproj, kFc, kFcproj };
