@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
         printf("usage: checkpoint_tool save DIR STEP [KEEP] | resume DIR | verify DIR STEP | layout L,NH,C,maxT,V,Vp |\n"
                "       schedule KIND PEAK FINAL WARMUP STEPS DECAY | sample LOGITS TEMP TOP_K TOP_P SEED N | evalfile FILE V |\n"
                "       logs DIR | formats DIR | batches TOKENS T D B WORLD SEED SHUFFLE STEPS [EPOCH CURSOR | STATE] |\n"
-               "       outliers VALUES SL SG [DIR K] | windows DIR STEP\n");
+               "       outliers VALUES SL SG [DIR K] | windows DIR STEP | fp8history DIR STEP N STEPS | history DIR STEP\n");
         return argc < 3 && cmd != "-h" && cmd != "--help";
     }
     if (cmd == "schedule" && argc == 8) {
@@ -298,6 +298,30 @@ int main(int argc, char** argv) {
             for (double x : windows[i]->values) printf(" %.17g", x);
             printf("\n");
         }
+        return 0;
+    }
+    if (cmd == "fp8history" && argc == 6) {  // a checkpoint whose state file holds N history floats 0.5 + i / 4
+        const int step = (int)parse_int_flag("STEP", argv[3], 0, 99999999);
+        const int n = (int)parse_int_flag("N", argv[4], 0, 1 << 20);
+        std::vector<float> params, m, v;
+        TrainState st;
+        make_state(step, params, m, v, st);
+        for (int i = 0; i < n; i++) st.fp8_history.push_back(0.5f + 0.25f * float(i));
+        st.fp8_history_steps = parse_int_flag("STEPS", argv[5], 0, 1l << 40);
+        std::string error;
+        if (!write_checkpoint(dir, kConfig, st, params, m, v, &error)) fail("writing checkpoint for step %d: %s", step, error.c_str());
+        printf("saved step %d\n", step);
+        return 0;
+    }
+    if (cmd == "history" && argc == 4) {  // the FP8 history a state file holds: its steps, then its values
+        HostModel model;
+        TrainState st;
+        std::string error;
+        bool incomplete = false;
+        if (!load_checkpoint(dir, (int)parse_int_flag("STEP", argv[3], 0, 99999999), model, st, &error, &incomplete))
+            fail("%s", error.c_str());
+        printf("steps %lld values %zu\n", (long long)st.fp8_history_steps, st.fp8_history.size());
+        for (float x : st.fp8_history) printf("%.9g\n", x);
         return 0;
     }
     if (cmd == "logs" && argc == 3) {  // what a run (rank 0) does to its folder's logs at start
