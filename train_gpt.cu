@@ -1547,7 +1547,7 @@ static void usage(const Options& d) {
            "  -lx <0|1>   where it runs (bf16 builds on Hopper), 1 = the LM head's GEMM writes exp(logits) and the\n"
            "              classifier no pass over the logits: ~2.5%% faster at d12, other bits (default %d)\n"
            "  -f8 <0|1>   1 = the blocks' linear layers in FP8 (e4m3 forward, e5m2 gradients; bf16 builds, compute\n"
-           "              capability 8.9+, C and -t multiples of 16; GELU unfused); checkpoints unchanged (default %d)\n"
+           "              capability 8.9+, C and -t multiples of 16; GELU unfused); checkpoints resume either way (default %d)\n"
            "  -pf <0|1>   time every kernel family with CUDA events and print the breakdown at the end; the last\n"
            "              step runs between cudaProfilerStart/Stop (ncu --profile-from-start off) (default %d)\n"
            "several GPUs (one process each, started by mpirun, srun, torchrun or scripts/launch.sh)\n"
