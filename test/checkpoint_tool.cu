@@ -156,6 +156,16 @@ static void write_formats(const std::string& dir) {
     write_header(dir, "eval_file", &eval, sizeof(eval));
 }
 
+// Checkpoint STEP of dir through load_checkpoint (the reader train_gpt uses); its error ends the program.
+static TrainState load_state_or_fail(const std::string& dir, const char* step) {
+    HostModel model;
+    TrainState st;
+    std::string error;
+    bool incomplete = false;
+    if (!load_checkpoint(dir, (int)parse_int_flag("STEP", step, 0, 99999999), model, st, &error, &incomplete)) fail("%s", error.c_str());
+    return st;
+}
+
 int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "-h" || cmd == "--help" || argc < 3) {
@@ -285,12 +295,7 @@ int main(int argc, char** argv) {
     }
     const std::string dir = argv[2];
     if (cmd == "windows" && argc == 4) {
-        HostModel model;
-        TrainState st;
-        std::string error;
-        bool incomplete = false;
-        if (!load_checkpoint(dir, (int)parse_int_flag("STEP", argv[3], 0, 99999999), model, st, &error, &incomplete))
-            fail("%s", error.c_str());
+        const TrainState st = load_state_or_fail(dir, argv[3]);
         const OutlierWindow* windows[2] = {&st.outliers.loss, &st.outliers.norm};
         const char* names[2] = {"loss", "norm"};
         for (int i = 0; i < 2; i++) {
@@ -314,12 +319,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (cmd == "history" && argc == 4) {  // the FP8 history a state file holds: its steps, then its values
-        HostModel model;
-        TrainState st;
-        std::string error;
-        bool incomplete = false;
-        if (!load_checkpoint(dir, (int)parse_int_flag("STEP", argv[3], 0, 99999999), model, st, &error, &incomplete))
-            fail("%s", error.c_str());
+        const TrainState st = load_state_or_fail(dir, argv[3]);
         printf("steps %lld values %zu\n", (long long)st.fp8_history_steps, st.fp8_history.size());
         for (float x : st.fp8_history) printf("%.9g\n", x);
         return 0;
