@@ -92,10 +92,13 @@ __host__ __device__ inline float fp8_scale(float amax, int emax) {
 // ---------------------------------------------------------------------------------------------
 // The cast pair: amax, then scale + cast (+ transpose).
 
-// GELU: the value GPT-2's GELU of x takes in bf16, exactly as gelu_forward writes it (matmul.cuh).
-template <bool GELU> __device__ __forceinline__ float fp8_source(__nv_bfloat16 x) {
-    if constexpr (GELU) return __bfloat162float(__float2bfloat16(gelu_tanh(__bfloat162float(x))));
-    else return __bfloat162float(x);
+// What a cast casts of x: x itself, with GELU GELU(x), with DGELU x GELU'(z) (x the gradient of GELU's
+// output, z its input), in bf16 exactly as gelu_forward and gelu_backward_inplace store them (matmul.cuh).
+template <bool GELU, bool DGELU> __device__ __forceinline__ __nv_bfloat16 fp8_source(__nv_bfloat16 x, __nv_bfloat16 z) {
+    static_assert(!(GELU && DGELU), "GELU or its backward");
+    if constexpr (GELU) return gelu_value(x);
+    else if constexpr (DGELU) return gelu_backward_value(x, z);
+    else return x;
 }
 
 // amax = max |x| (GELU: |GELU(x)|, DGELU: |x GELU'(z)|, each in bf16 as fp8_cast_kernel casts it) over
@@ -111,15 +114,10 @@ __global__ void __launch_bounds__(256) fp8_amax_kernel(float* meta, const __nv_b
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
         const size_t at = i / per_row * ld + i % per_row * 8;
         const Vec128<__nv_bfloat16> v = Vec128<__nv_bfloat16>::load(x + at);
-        if constexpr (DGELU) {
-            const Vec128<__nv_bfloat16> zin = Vec128<__nv_bfloat16>::load(z + blockIdx.y * R * ld + at);
+        Vec128<__nv_bfloat16> zin = v;  // read only with DGELU
+        if constexpr (DGELU) zin = Vec128<__nv_bfloat16>::load(z + blockIdx.y * R * ld + at);
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                m = max(m, abs_bits(__bfloat162float(__float2bfloat16(__bfloat162float(v[j]) * gelu_tanh_grad(__bfloat162float(zin[j]))))));
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++) m = max(m, abs_bits(fp8_source<GELU>(v[j])));
-        }
+        for (int j = 0; j < 8; j++) m = max(m, abs_bits(__bfloat162float(fp8_source<GELU, DGELU>(v[j], zin[j]))));
     }
     block_atomic_max<256>(reinterpret_cast<unsigned*>(meta + 4 * blockIdx.y + 2), m);
 }
@@ -151,7 +149,6 @@ template <bool E5M2, bool kNatural, bool kTransposed, bool GELU = false, bool DG
 __global__ void __launch_bounds__(256)
     fp8_cast_kernel(uint8_t* q, uint8_t* qt, float* meta, const __nv_bfloat16* x, int R, int C, int ld, unsigned* record,
                     const __nv_bfloat16* gelu_in, float* colsum) {
-    static_assert(!(GELU && DGELU), "GELU or its backward");
     __shared__ __align__(16) __nv_bfloat16 tile[kCastTile][kCastTile];
     __shared__ float chunk_sums[4][kCastTile];
     const size_t z = blockIdx.z;
@@ -167,14 +164,10 @@ __global__ void __launch_bounds__(256)
         const int r = r0 + row, c = c0 + col;
         if (r >= R || c >= C) continue;
         Vec128<__nv_bfloat16> in = Vec128<__nv_bfloat16>::load(x + size_t(r) * ld + c);
-        if constexpr (GELU)
+        Vec128<__nv_bfloat16> zin = in;  // read only with DGELU
+        if constexpr (DGELU) zin = Vec128<__nv_bfloat16>::load(gelu_in + z * R * ld + size_t(r) * ld + c);
 #pragma unroll
-            for (int j = 0; j < 8; j++) in[j] = __float2bfloat16(fp8_source<true>(in[j]));
-        if constexpr (DGELU) {
-            const Vec128<__nv_bfloat16> zin = Vec128<__nv_bfloat16>::load(gelu_in + z * R * ld + size_t(r) * ld + c);
-#pragma unroll
-            for (int j = 0; j < 8; j++) in[j] = __float2bfloat16(__bfloat162float(in[j]) * gelu_tanh_grad(__bfloat162float(zin[j])));
-        }
+        for (int j = 0; j < 8; j++) in[j] = fp8_source<GELU, DGELU>(in[j], zin[j]);
         if (record)
 #pragma unroll
             for (int j = 0; j < 8; j++) amax_bits = max(amax_bits, abs_bits(__bfloat162float(in[j])));

@@ -221,6 +221,13 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
     const float th = tanhf(u), sech2 = 1.0f - th * th;
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
 }
+// The values the GELU kernels store, rounded to T: GELU(x), and GELU's backward d GELU'(x) (d the
+// gradient of GELU's output). FP8's casts (fp8.cuh) make theirs with these, so that their bytes are
+// those of these kernels' outputs cast.
+template <typename T> __device__ __forceinline__ T gelu_value(T x) { return from_float<T>(gelu_tanh(to_float(x))); }
+template <typename T> __device__ __forceinline__ T gelu_backward_value(T d, T x) {
+    return from_float<T>(to_float(d) * gelu_tanh_grad(to_float(x)));
+}
 
 // AMAX: also *amax_bits = max(*amax_bits, the bits of |y| over every y written, as stored in T), FP8's
 // amax of out (blocks of 256 threads); a template argument: with AMAX = false the kernel has no trace of it.
@@ -228,14 +235,14 @@ template <typename T, int VS, bool AMAX = false> __global__ void gelu_forward_ke
     unsigned amax = 0;
     for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
         if constexpr (VS == 1) {
-            const T y = from_float<T>(gelu_tanh(to_float(inp[i])));
+            const T y = gelu_value(inp[i]);
             out[i] = y;
             if constexpr (AMAX) amax = max(amax, abs_bits(to_float(y)));
         } else {
             const Vec128<T> x = Vec128<T>::load(inp + i);
             Vec128<T> y;
 #pragma unroll
-            for (int j = 0; j < VS; j++) y[j] = from_float<T>(gelu_tanh(to_float(x[j])));
+            for (int j = 0; j < VS; j++) y[j] = gelu_value(x[j]);
             y.store(out + i);
             if constexpr (AMAX)
 #pragma unroll
@@ -250,14 +257,14 @@ template <typename T, int VS, bool AMAX = false> __global__ void gelu_backward_k
     unsigned amax = 0;
     for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
         if constexpr (VS == 1) {
-            const T g = from_float<T>(to_float(d[i]) * gelu_tanh_grad(to_float(inp[i])));
+            const T g = gelu_backward_value(d[i], inp[i]);
             d[i] = g;
             if constexpr (AMAX) amax = max(amax, abs_bits(to_float(g)));
         } else {
             const Vec128<T> x = Vec128<T>::load(inp + i);
             Vec128<T> g = Vec128<T>::load(d + i);
 #pragma unroll
-            for (int j = 0; j < VS; j++) g[j] = from_float<T>(to_float(g[j]) * gelu_tanh_grad(to_float(x[j])));
+            for (int j = 0; j < VS; j++) g[j] = gelu_backward_value(g[j], x[j]);
             g.store(d + i);
             if constexpr (AMAX)
 #pragma unroll
