@@ -140,8 +140,8 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // FP8's amax (fp8.cuh) is a max over the bits of |x|: non-negative floats order as their bits do (a
 // NaN's above every number), so the max is the same bits in any order, atomics included. The
-// producers that write a tensor's amax beside it (layernorm_forward and _backward, gelu_forward and
-// gelu_backward_inplace) and the FP8 amax kernel share these two.
+// producers that write a tensor's amax beside it (layernorm_forward and _backward), the FP8 casts that
+// record it (fp8.cuh) and the FP8 amax kernel share these two.
 __device__ __forceinline__ unsigned abs_bits(float x) { return __float_as_uint(fabsf(x)); }
 // *dst = max(*dst, v over the block's BLOCK threads): one atomicMax per block. Every thread of the
 // block calls it (a barrier inside).

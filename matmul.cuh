@@ -229,85 +229,60 @@ template <typename T> __device__ __forceinline__ T gelu_backward_value(T d, T x)
     return from_float<T>(to_float(d) * gelu_tanh_grad(to_float(x)));
 }
 
-// AMAX: also *amax_bits = max(*amax_bits, the bits of |y| over every y written, as stored in T), FP8's
-// amax of out (blocks of 256 threads); a template argument: with AMAX = false the kernel has no trace of it.
-template <typename T, int VS, bool AMAX = false> __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n, unsigned* amax_bits) {
-    unsigned amax = 0;
+template <typename T, int VS> __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
     for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
         if constexpr (VS == 1) {
-            const T y = gelu_value(inp[i]);
-            out[i] = y;
-            if constexpr (AMAX) amax = max(amax, abs_bits(to_float(y)));
+            out[i] = gelu_value(inp[i]);
         } else {
             const Vec128<T> x = Vec128<T>::load(inp + i);
             Vec128<T> y;
 #pragma unroll
             for (int j = 0; j < VS; j++) y[j] = gelu_value(x[j]);
             y.store(out + i);
-            if constexpr (AMAX)
-#pragma unroll
-                for (int j = 0; j < VS; j++) amax = max(amax, abs_bits(to_float(y[j])));
         }
     }
-    if constexpr (AMAX) block_atomic_max<256>(amax_bits, amax);
 }
 
-// AMAX as for gelu_forward_kernel, over the d written.
-template <typename T, int VS, bool AMAX = false> __global__ void gelu_backward_kernel(T* d, const T* inp, size_t n, unsigned* amax_bits) {
-    unsigned amax = 0;
+template <typename T, int VS> __global__ void gelu_backward_kernel(T* d, const T* inp, size_t n) {
     for (size_t i = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VS; i < n; i += size_t(gridDim.x) * blockDim.x * VS) {
         if constexpr (VS == 1) {
-            const T g = gelu_backward_value(d[i], inp[i]);
-            d[i] = g;
-            if constexpr (AMAX) amax = max(amax, abs_bits(to_float(g)));
+            d[i] = gelu_backward_value(d[i], inp[i]);
         } else {
             const Vec128<T> x = Vec128<T>::load(inp + i);
             Vec128<T> g = Vec128<T>::load(d + i);
 #pragma unroll
             for (int j = 0; j < VS; j++) g[j] = gelu_backward_value(g[j], x[j]);
             g.store(d + i);
-            if constexpr (AMAX)
-#pragma unroll
-                for (int j = 0; j < VS; j++) amax = max(amax, abs_bits(to_float(g[j])));
         }
     }
-    if constexpr (AMAX) block_atomic_max<256>(amax_bits, amax);
 }
 
 inline int elementwise_blocks(size_t work, int threads = 256) {
     return (int)std::max<size_t>(1, std::min<size_t>((work + threads - 1) / threads, 132 * 16));
 }
 
-// The GELU kernels' four instances: 128-bit vectors where n and both pointers allow (else one value
-// a thread), with or without the amax. Calls launch(vs, amax, blocks), vs and amax as
-// std::integral_constant, for the instance that fits.
-template <typename T, typename Launch> void gelu_launch(size_t n, bool aligned16, bool amax, Launch&& launch) {
+// The GELU kernels' two instances: 128-bit vectors where n and both pointers allow, else one value a
+// thread. Calls launch(vs, blocks), vs as std::integral_constant, for the instance that fits.
+template <typename T, typename Launch> void gelu_launch(size_t n, bool aligned16, Launch&& launch) {
     constexpr int VS = Vec128<T>::size;
-    using Vector = std::integral_constant<int, VS>;
-    using Scalar = std::integral_constant<int, 1>;
     const bool vec = n % VS == 0 && aligned16;
     const int blocks = elementwise_blocks(vec ? n / VS : n);
-    if (vec && amax) launch(Vector(), std::true_type(), blocks);
-    else if (vec) launch(Vector(), std::false_type(), blocks);
-    else if (amax) launch(Scalar(), std::true_type(), blocks);
-    else launch(Scalar(), std::false_type(), blocks);
+    if (vec) launch(std::integral_constant<int, VS>(), blocks);
+    else launch(std::integral_constant<int, 1>(), blocks);
     cuda_check_launch();
 }
 
-// out = gelu(inp), n values. amax_bits (null: none): *amax_bits = max(*amax_bits, the bits of |out|
-// as stored), the amax an FP8 cast of out would need (fp8.cuh's fp8_amax_slot, zeroed by the caller;
-// train_gpt -f8 1 casts GELU's output from its input instead, fp8_quantize's gelu).
-template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0, unsigned* amax_bits = nullptr) {
-    gelu_launch<T>(n, is_aligned16(out) && is_aligned16(inp), amax_bits != nullptr, [&](auto vs, auto amax, int blocks) {
-        gelu_forward_kernel<T, decltype(vs)::value, decltype(amax)::value><<<blocks, 256, 0, stream>>>(out, inp, n, amax_bits);
+// out = gelu(inp), n values.
+template <typename T> void gelu_forward(T* out, const T* inp, size_t n, cudaStream_t stream = 0) {
+    gelu_launch<T>(n, is_aligned16(out) && is_aligned16(inp), [&](auto vs, int blocks) {
+        gelu_forward_kernel<T, decltype(vs)::value><<<blocks, 256, 0, stream>>>(out, inp, n);
     });
 }
 
-// d = d * gelu'(inp), in place: d holds dL/d(gelu output) on entry, dL/d(inp) on exit. amax_bits as
-// for gelu_forward, over the d written (FP8's amax of fc's output gradient).
-template <typename T> void gelu_backward_inplace(T* d, const T* inp, size_t n, cudaStream_t stream = 0, unsigned* amax_bits = nullptr) {
-    gelu_launch<T>(n, is_aligned16(d) && is_aligned16(inp), amax_bits != nullptr, [&](auto vs, auto amax, int blocks) {
-        gelu_backward_kernel<T, decltype(vs)::value, decltype(amax)::value><<<blocks, 256, 0, stream>>>(d, inp, n, amax_bits);
+// d = d * gelu'(inp), in place: d holds dL/d(gelu output) on entry, dL/d(inp) on exit.
+template <typename T> void gelu_backward_inplace(T* d, const T* inp, size_t n, cudaStream_t stream = 0) {
+    gelu_launch<T>(n, is_aligned16(d) && is_aligned16(inp), [&](auto vs, int blocks) {
+        gelu_backward_kernel<T, decltype(vs)::value><<<blocks, 256, 0, stream>>>(d, inp, n);
     });
 }
 
