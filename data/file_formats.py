@@ -9,6 +9,8 @@ no torch.
 test/test_formats.py checks that both sides write the same bytes for the same values
 (test/checkpoint_tool.cu formats) and that the parameter list below is model_config.h's.
 """
+import zlib
+
 import numpy as np
 
 HEADER_INTS = 256
@@ -95,6 +97,26 @@ FORMATS = [MODEL_FILE, LLMC_MODEL, TRAIN_STATE, REFERENCE, TOKEN_FILE, TOKENIZER
 OUTLIER_WINDOW = 128
 OUTLIER_WINDOWS = np.dtype([(name, [("count", "<i4"), ("next", "<i4"), ("values", "<f8", (OUTLIER_WINDOW,))])
                             for name in ("loss", "norm")])
+
+
+def split_train_state(data):
+    """A train-state file's bytes in its parts: (header fields, the three fp32 arrays, the outlier windows,
+    the FP8 amax history), the last two located by the header's outlier_bytes and fp8_history_bytes."""
+    fields = TRAIN_STATE.unpack(data)
+    end = len(data) - fields["fp8_history_bytes"]
+    start = end - fields["outlier_bytes"]
+    return fields, bytes(data[HEADER_BYTES:start]), bytes(data[start:end]), bytes(data[end:])
+
+
+def join_train_state(fields, arrays, outliers=b"", history=b"", fix_crc=True):
+    """A train-state file's bytes from its parts, the header's fields as given (outlier_bytes and
+    fp8_history_bytes too: a test may claim sizes the parts do not have) but its crc: checkpoint.h's, over
+    the header with crc 0 and the rest (fix_crc; else 0)."""
+    fields = dict(fields, crc=0)
+    body = bytes(arrays) + bytes(outliers) + bytes(history)
+    if fix_crc:
+        fields["crc"] = zlib.crc32(body, zlib.crc32(TRAIN_STATE.pack(**fields).tobytes()))
+    return TRAIN_STATE.pack(**fields).tobytes() + body
 
 # The model's parameter tensors, as model_config.h's GPT_PARAMETER_TENSORS: (name, rows, cols as
 # functions of the config (cols None: a vector), weight decay, per layer (stacked over L), init). The

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zlib
 
 import numpy as np
 
@@ -44,17 +43,12 @@ def state_file(d):
 
 def rewrite(path, history=None, fields_over=None):
     """The state file with its history section replaced (None: kept), header fields set, the crc right."""
-    data = bytearray(open(path, "rb").read())
-    fields = ff.TRAIN_STATE.unpack(data)
-    old = fields["fp8_history_bytes"]
-    body = bytes(data[ff.HEADER_BYTES:len(data) - old])
-    section = bytes(data[len(data) - old:]) if history is None else history
+    fields, arrays, outliers, old = ff.split_train_state(open(path, "rb").read())
+    section = old if history is None else history
     fields["fp8_history_bytes"] = len(section)
     fields.update(fields_over or {})
-    fields["crc"] = 0
-    fields["crc"] = zlib.crc32(body + section, zlib.crc32(ff.TRAIN_STATE.pack(**fields).tobytes()))
     with open(path, "wb") as f:
-        f.write(ff.TRAIN_STATE.pack(**fields).tobytes() + body + section)
+        f.write(ff.join_train_state(fields, arrays, outliers, section))
 
 
 def main():

@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import zlib
 
 import numpy as np
 
@@ -162,20 +161,14 @@ def state_file(d, step):
     return os.path.join(d, f"state_{step:08d}.bin")
 
 
-def rewrite(path, section=None, outlier_bytes=None, fix_crc=True):
-    """The state file with its outlier section replaced (None: kept) and the crc made right again. The
-    section is the file's last (these runs have no -f8 1, whose amax history would follow it)."""
-    data = bytearray(open(path, "rb").read())
-    fields = ff.TRAIN_STATE.unpack(data)
-    old = fields["outlier_bytes"]
-    body = bytes(data[ff.HEADER_BYTES:len(data) - old])
-    section = bytes(data[len(data) - old:]) if section is None else section
+def rewrite(path, section=None, outlier_bytes=None):
+    """The state file with its outlier section replaced (None: kept), outlier_bytes its size or the one
+    claimed, and the crc made right again."""
+    fields, arrays, old, history = ff.split_train_state(open(path, "rb").read())
+    section = old if section is None else section
     fields["outlier_bytes"] = len(section) if outlier_bytes is None else outlier_bytes
-    fields["crc"] = 0
-    if fix_crc:
-        fields["crc"] = zlib.crc32(body + section, zlib.crc32(ff.TRAIN_STATE.pack(**fields).tobytes()))
     with open(path, "wb") as f:
-        f.write(ff.TRAIN_STATE.pack(**fields).tobytes() + body + section)
+        f.write(ff.join_train_state(fields, arrays, section, history))
 
 
 def check_checkpoints(tmp, rng):

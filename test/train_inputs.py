@@ -81,9 +81,8 @@ def cmd_state(a):
                   data_tokens=len(tokens) // 2, gelu_fusion=a.ge, recompute=a.r, fp8=a.f8, total_batch=a.total_batch or a.B * a.T,
                   cursor_unit=ff.CURSOR_WINDOWS if a.windows else ff.CURSOR_SEQUENCES)
     zeros = np.zeros(n, np.float32)
-    payload = params.tobytes() + zeros.tobytes() + zeros.tobytes()
-    crc = zlib.crc32(payload, zlib.crc32(ff.TRAIN_STATE.pack(**fields).tobytes()))
-    write(a.out, ff.TRAIN_STATE.pack(crc=crc, **fields), np.frombuffer(payload, np.uint8))
+    data = ff.join_train_state(fields, params.tobytes() + zeros.tobytes() + zeros.tobytes())
+    write(a.out, np.frombuffer(data, np.uint8))
 
 
 def cmd_edit(a):
