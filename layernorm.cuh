@@ -120,14 +120,57 @@ template <typename T, int WPR> __host__ __device__ constexpr int forward_block_t
     return block_threads<WPR, kForwardMinBlockOf<T>>();
 }
 
+// The vector forward's row, in pieces that fp8.cuh's LayerNorm into FP8 shares, so that both give
+// the same y bits: thread t of a row group of TPR = 32 WPR threads holds the row's vectors t, t + TPR,
+// ... (K of them, VS values each) in registers.
+template <typename T, int WPR> struct ForwardRow {
+    static constexpr int TPR = 32 * WPR, VS = Vec128<T>::size, K = kForwardColsPerThread / VS;
+    Vec128<T> x[K];
+    __device__ __forceinline__ void load(const T* row, int t, int nvec) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int i = k * TPR + t;
+            if (i < nvec) x[k] = Vec128<T>::load(row + size_t(i) * VS);
+        }
+    }
+    // The row's mean and rstd (two passes over the registers, sums in a fixed order); buf: two
+    // buffers of one float per warp of the block (row_group_sum).
+    template <int BLOCK> __device__ __forceinline__ float2 stats(int t, int nvec, int C, float (*buf)[BLOCK / 32]) const {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (k * TPR + t < nvec)
+#pragma unroll
+                for (int j = 0; j < VS; j++) sum += to_float(x[k][j]);
+        const float m = row_group_sum<WPR, BLOCK>(sum, buf[0]) / C;
+        float sq = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (k * TPR + t < nvec)
+#pragma unroll
+                for (int j = 0; j < VS; j++) {
+                    const float d = to_float(x[k][j]) - m;
+                    sq += d * d;
+                }
+        return make_float2(m, rsqrtf(row_group_sum<WPR, BLOCK>(sq, buf[1]) / C + kEps));
+    }
+    // y for vector k (column i = k TPR + t), with the weight's and bias's vectors at i.
+    __device__ __forceinline__ Vec128<T> output(int k, float2 ms, const Vec128<T>& w, const Vec128<T>& b) const {
+        Vec128<T> y;
+#pragma unroll
+        for (int j = 0; j < VS; j++) y[j] = from_float<T>((to_float(x[k][j]) - ms.x) * ms.y * to_float(w[j]) + to_float(b[j]));
+        return y;
+    }
+};
+
 // AMAX: also *amax_bits = max(*amax_bits, the bits of |y| over every y written, as stored in T), FP8's
 // amax of out (fp8.cuh); a template argument: with AMAX = false the kernel has no trace of it.
 template <typename T, int WPR, bool AMAX = false>
 __global__ void __launch_bounds__(forward_block_threads<T, WPR>())
     layernorm_forward_vec_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
                                  int C, int out_ld, unsigned* amax_bits) {
-    constexpr int BLOCK = forward_block_threads<T, WPR>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
-    constexpr int K = kForwardColsPerThread / VS;
+    using Row = ForwardRow<T, WPR>;
+    constexpr int BLOCK = forward_block_threads<T, WPR>(), TPR = Row::TPR, ROWS = BLOCK / TPR, VS = Row::VS, K = Row::K;
     __shared__ float buf[2][BLOCK / 32];
     const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
     const int row = blockIdx.x * ROWS + group;
@@ -135,46 +178,21 @@ __global__ void __launch_bounds__(forward_block_threads<T, WPR>())
     const size_t offset = size_t(active ? row : N - 1) * C;  // inactive groups still reach the barriers
     const int nvec = C / VS;
 
-    Vec128<T> xv[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int i = k * TPR + t;
-        if (i < nvec) xv[k] = Vec128<T>::load(inp + offset + size_t(i) * VS);
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; k++)
-        if (k * TPR + t < nvec)
-#pragma unroll
-            for (int j = 0; j < VS; j++) sum += to_float(xv[k][j]);
-    const float m = row_group_sum<WPR, BLOCK>(sum, buf[0]) / C;
-    float sq = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; k++)
-        if (k * TPR + t < nvec)
-#pragma unroll
-            for (int j = 0; j < VS; j++) {
-                const float d = to_float(xv[k][j]) - m;
-                sq += d * d;
-            }
-    const float s = rsqrtf(row_group_sum<WPR, BLOCK>(sq, buf[1]) / C + kEps);
+    Row x;
+    x.load(inp + offset, t, nvec);
+    const float2 ms = x.template stats<BLOCK>(t, nvec, C, buf);
     // No barrier after this point, but AMAX's at the end, which inactive groups reach writing nothing.
     if (!AMAX && !active) return;
     if (t == 0 && active) {
-        if (mean) mean[row] = m;
-        if (rstd) rstd[row] = s;
+        if (mean) mean[row] = ms.x;
+        if (rstd) rstd[row] = ms.y;
     }
     unsigned amax = 0;
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;
         if (i < nvec && active) {
-            const Vec128<T> w = Vec128<T>::load(weight + size_t(i) * VS);
-            const Vec128<T> b = Vec128<T>::load(bias + size_t(i) * VS);
-            Vec128<T> y;
-#pragma unroll
-            for (int j = 0; j < VS; j++)
-                y[j] = from_float<T>((to_float(xv[k][j]) - m) * s * to_float(w[j]) + to_float(b[j]));
+            const Vec128<T> y = x.output(k, ms, Vec128<T>::load(weight + size_t(i) * VS), Vec128<T>::load(bias + size_t(i) * VS));
             y.store(out + size_t(row) * out_ld + size_t(i) * VS);
             if constexpr (AMAX)
 #pragma unroll
