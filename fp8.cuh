@@ -8,6 +8,8 @@
 //                        of GELU(x) or of GELU's backward x GELU'(z) as bf16 holds them (that bf16 tensor
 //                        itself is never written), and the column sums of what is cast (a bias gradient)
 //   fp8_quantize_batch   the same for `count` tensors one after another (a layer kind's L weights)
+//   fp8_layernorm_forward q and/or qt of LayerNorm(inp) straight from inp, the bf16 output never written
+//                        (layernorm_forward then fp8_quantize's bytes, with the amax given: delayed scaling)
 //   fp8_forward          out (N, OC) = inp (N, C) weight (OC, C)^T + bias (+ residual)   bf16 out
 //   fp8_backward_input   dinp (N, C) = dout (N, OC) weight                               bf16 out
 //   fp8_backward_weight  dweight (OC, C) += dout^T inp                                   fp32 or bf16, accumulated
@@ -55,6 +57,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "layernorm.cuh"
 #include "matmul.cuh"
 
 // printf into a std::string (the refusals' words).
@@ -360,6 +363,167 @@ inline std::string fp8_quantize_batch(Fp8Tensor& t, const __nv_bfloat16* x, int 
 // left as they are).
 inline void fp8_zero_amax_slots(float* meta, int count, cudaStream_t stream = 0) {
     cuda_check(cudaMemset2DAsync(meta + 2, 4 * sizeof(float), 0, sizeof(float), count, stream));
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm straight into FP8: train_gpt -f8 1's ln1 and ln2 once their scales are delayed. The bf16
+// output is never written: per value, LayerNorm's y as layernorm_forward's vector kernel rounds it to
+// bf16 (its row code, ForwardRow), then y s cast to e4m3 as fp8_cast_kernel casts it, s from the amax in
+// the slot (meta[2], given). So the bytes are those of layernorm_forward then fp8_quantize with that
+// amax given, from one read of x and one write of each copy, where the pair reads x, writes y, reads
+// y and writes the copies (2 + 2 + 2 + 2 bytes a value against 2 + 2).
+//
+// A block takes RT rows: its row groups (layernorm_forward's, WPR warps a row) take rows group,
+// group + ROWS, ...; each y goes to q from registers (8 bytes a vector) and, for qt, into a tile of RT
+// rows in shared memory. Then a thread takes 4 columns of 16 rows, transposes the 4 x 4 byte blocks with
+// byte permutes and writes 16 bytes to each of the 4 columns' rows of qt: N a multiple of 16, so 16
+// rows are all in or all out. With RT = 32 a warp's stores fill whole 32-byte sectors of qt (16 rows
+// a store took 1.7x as long at d12's shape, docs/fp8.md). mean and rstd as layernorm_forward writes
+// them; record: the amax of y (as bf16) atomicMax'ed into *record's bits; block 0 writes meta[1] = s,
+// meta[0] = 1 / s.
+template <int WPR, int RT>
+__global__ void __launch_bounds__(layernorm_detail::forward_block_threads<__nv_bfloat16, WPR>())
+    fp8_layernorm_kernel(uint8_t* q, uint8_t* qt, float* meta, float* mean, float* rstd, const __nv_bfloat16* inp,
+                         const __nv_bfloat16* weight, const __nv_bfloat16* bias, int N, int C, unsigned* record) {
+    using namespace layernorm_detail;
+    using Row = ForwardRow<__nv_bfloat16, WPR>;
+    constexpr int BLOCK = forward_block_threads<__nv_bfloat16, WPR>(), TPR = Row::TPR, ROWS = BLOCK / TPR, K = Row::K;
+    constexpr int CHUNKS = RT / 16;
+    static_assert(Row::VS == 8 && RT % 16 == 0 && RT % ROWS == 0, "8 values a vector; whole row groups and 16-row chunks a tile");
+    extern __shared__ __align__(16) uint8_t tile[];  // (RT, C + 4) FP8 bytes, with qt
+    __shared__ float buf[2][BLOCK / 32];
+    const float s = fp8_scale(__uint_as_float(*reinterpret_cast<const unsigned*>(meta + 2)), kE4M3.emax);
+    if (blockIdx.x == 0 && threadIdx.x == 0) meta[0] = 1.0f / s, meta[1] = s;
+    const int group = threadIdx.x / TPR, t = threadIdx.x % TPR, nvec = C / 8, ld = C + 4;
+    const int r0 = blockIdx.x * RT;
+    unsigned amax = 0;
+    for (int rr = group; rr < RT && r0 + rr < N; rr += ROWS) {  // a row group's rows: its barriers are its own
+        const int row = r0 + rr;
+        Row x;
+        x.load(inp + size_t(row) * C, t, nvec);
+        const float2 ms = x.template stats<BLOCK>(t, nvec, C, buf);
+        if (t == 0) {
+            if (mean) mean[row] = ms.x;
+            if (rstd) rstd[row] = ms.y;
+        }
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int i = k * TPR + t;
+            if (i >= nvec) continue;
+            const Vec128<__nv_bfloat16> y =
+                x.output(k, ms, Vec128<__nv_bfloat16>::load(weight + size_t(i) * 8), Vec128<__nv_bfloat16>::load(bias + size_t(i) * 8));
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                amax = max(amax, abs_bits(__bfloat162float(y[j])));
+                f[j] = __bfloat162float(y[j]) * s;
+            }
+            const unsigned lo = fp8x4<false>(f[0], f[1], f[2], f[3]), hi = fp8x4<false>(f[4], f[5], f[6], f[7]);
+            *reinterpret_cast<uint2*>(q + size_t(row) * C + i * 8) = make_uint2(lo, hi);
+            if (qt) {  // tile rows C + 4 bytes apart: 4-byte aligned
+                unsigned* at = reinterpret_cast<unsigned*>(tile + rr * ld + i * 8);
+                at[0] = lo, at[1] = hi;
+            }
+        }
+    }
+    if (record) block_atomic_max<BLOCK>(record, amax);  // every thread of the block: record is the same for all
+    if (!qt) return;
+    __syncthreads();
+    // Job (cq, h): columns 4 cq .. 4 cq + 3, rows 16 h .. 16 h + 15 of the tile; h varies fastest, so
+    // a warp's 16-byte stores fill whole 32-byte sectors of qt's rows (RT 32). A warp reads words cq
+    // .. cq + 15 of tile rows 16 h + i: with rows C / 4 + 1 words apart (odd), h = 1 is 16 banks on.
+    const int quads = C / 4;
+    for (int job = threadIdx.x; job < quads * CHUNKS; job += BLOCK) {
+        const int cq = job / CHUNKS, h = job % CHUNKS, r = r0 + 16 * h;
+        if (r >= N) continue;
+        unsigned col[4][4];  // col[j][g]: column 4 cq + j, rows 4 g .. 4 g + 3 of the chunk, one byte each
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            unsigned w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[i] = *reinterpret_cast<const unsigned*>(tile + (16 * h + 4 * g + i) * ld + 4 * cq);
+            const unsigned lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);  // bytes 0 and 1
+            const unsigned hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);  // bytes 2 and 3
+            col[0][g] = __byte_perm(lo01, lo23, 0x5410), col[1][g] = __byte_perm(lo01, lo23, 0x7632);
+            col[2][g] = __byte_perm(hi01, hi23, 0x5410), col[3][g] = __byte_perm(hi01, hi23, 0x7632);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            *reinterpret_cast<uint4*>(qt + size_t(4 * cq + j) * N + r) = make_uint4(col[j][0], col[j][1], col[j][2], col[j][3]);
+    }
+}
+
+// The tile's rows for C (each C + 4 bytes): 32 (a 32-byte sector of each qt row a block) while two
+// blocks fit an SM, else 16; 0 where even 16 rows are past a block's shared memory. kSmemSpare covers
+// the kernel's static shared memory (under 200 bytes) and the 1 KB the GPU reserves a block.
+inline int fp8_layernorm_tile_rows(int C) {
+    constexpr int kSmemSpare = 2048;
+    static int per_block = 0, per_sm = 0;
+    if (!per_block) {
+        int device = 0;
+        cuda_check(cudaGetDevice(&device));
+        cuda_check(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        cuda_check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    }
+    const long tile16 = 16L * (C + 4);
+    return 2 * (2 * tile16 + kSmemSpare) <= per_sm ? 32 : tile16 + kSmemSpare <= per_block ? 16 : 0;
+}
+
+// Why LayerNorm into FP8 cannot run for these shapes ("": it can): what fp8_layernorm_forward needs.
+inline std::string fp8_layernorm_refusal(int N, int C) {
+    if (N % 16 || C % 16) return strf("a %d x %d LayerNorm: FP8 casts need both dimensions multiples of 16", N, C);
+    if (!layernorm_detail::forward_min_warps_per_row(C)) return strf("C = %d: LayerNorm into FP8 holds rows of at most %d values", C,
+                                                                     layernorm_detail::kForwardColsPerThread * 32 * layernorm_detail::kForwardMaxWarpsPerRow);
+    if (!fp8_layernorm_tile_rows(C)) return strf("C = %d: LayerNorm into FP8's transposing tile of 16 rows is past shared memory", C);
+    return "";
+}
+
+struct Fp8LayerNormArgs {
+    uint8_t *q, *qt;
+    float *meta, *mean, *rstd;
+    const __nv_bfloat16 *inp, *weight, *bias;
+    int N, C;
+    unsigned* record;
+};
+template <int WPR> void fp8_layernorm_launch(const Fp8LayerNormArgs& a, int rows, cudaStream_t stream) {
+    auto kernel = rows == 32 ? fp8_layernorm_kernel<WPR, 32> : fp8_layernorm_kernel<WPR, 16>;
+    const size_t smem = a.qt ? size_t(rows) * (a.C + 4) : 0;
+    static size_t allowed[2] = {};  // the dynamic shared memory each instance may take, as last set
+    size_t& allowed_now = allowed[rows == 32];
+    if (smem > allowed_now) {
+        cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        allowed_now = smem;
+    }
+    kernel<<<(a.N + rows - 1) / rows, layernorm_detail::forward_block_threads<__nv_bfloat16, WPR>(), smem, stream>>>(
+        a.q, a.qt, a.meta, a.mean, a.rstd, a.inp, a.weight, a.bias, a.N, a.C, a.record);
+}
+
+// t's e4m3 copies of y = LayerNorm(inp) with weight and bias (N, C rows; layernorm_forward's y, never
+// written in bf16): q always, qt with transposed; scaled by the amax in t's slot (given: delayed
+// scaling); record (null: none) as Fp8CastOptions's; mean and rstd (either may be null) as
+// layernorm_forward writes them. inp, weight and bias 16-byte aligned. "" when enqueued, or why not.
+inline std::string fp8_layernorm_forward(Fp8Tensor& t, float* mean, float* rstd, const __nv_bfloat16* inp, const __nv_bfloat16* weight,
+                                         const __nv_bfloat16* bias, int N, int C, bool transposed, unsigned* record,
+                                         cudaStream_t stream = 0) {
+    using namespace layernorm_detail;
+    std::string why = fp8_layernorm_refusal(N, C);
+    if (why.empty() && !vector_ok<__nv_bfloat16>(C, {inp, weight, bias})) why = "LayerNorm into FP8 reads 16-byte aligned vectors";
+    if (!why.empty()) return why;
+    if (t.fmt->type != CUDA_R_8F_E4M3) fail("fp8_layernorm_forward: a layer input is cast in e4m3");
+    if (size_t(N) * C > t.capacity) fail("fp8_layernorm_forward: %d x %d is past the buffer's %zu elements", N, C, t.capacity);
+    t.R = N, t.C = C;
+    const int rows = fp8_layernorm_tile_rows(C);
+    const Fp8LayerNormArgs args{t.q, transposed ? t.qt : nullptr, t.meta, mean, rstd, inp, weight, bias, N, C, record};
+    switch (forward_warps_per_row<__nv_bfloat16>(C)) {  // layernorm_forward's choice: the same sums
+        case 1: fp8_layernorm_launch<1>(args, rows, stream); break;
+        case 2: fp8_layernorm_launch<2>(args, rows, stream); break;
+        case 4: fp8_layernorm_launch<4>(args, rows, stream); break;
+        case 8: fp8_layernorm_launch<8>(args, rows, stream); break;
+        case 16: fp8_layernorm_launch<16>(args, rows, stream); break;
+        default: fail("fp8_layernorm_forward: bad warps per row");
+    }
+    cuda_check_launch();
+    return "";
 }
 
 // ---------------------------------------------------------------------------------------------

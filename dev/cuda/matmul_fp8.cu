@@ -101,7 +101,8 @@
 // kernel that wrote the tensor (LayerNorm's amax option, whose output must not change);
 // delayed scaling's casts, from an amax planted below and above x's (the values past the format's
 // largest saturate), with x's own amax recorded in the same read; GELU's backward in the cast, with the
-// column sums that give the bias gradient (against float64).
+// column sums that give the bias gradient (against float64); LayerNorm straight into FP8
+// (fp8_layernorm_forward), against layernorm_forward then the cast.
 // Then d12's and d48's layers (8192 rows with --check, else the benchmark's) against the bf16 GEMMs:
 // ||v2 - v1|| / ||v1|| within bound 2's iid value plus both GEMMs' own terms, two runs the same bits.
 //
@@ -111,6 +112,8 @@
 // weight and dout each cast once, both copies, and the three GEMMs); median of 50 runs after 10
 // (time_median_ms), TFLOP/s of 2 m n k, bf16's time over FP8's. cuBLASLt plans are tuned on their first
 // call as the header tunes its own (matmul_tune: the fastest candidate with the first choice's bits).
+// Then LayerNorm's FP8 copies at the benchmark's rows: layernorm_forward then the cast, against
+// LayerNorm straight into FP8, each against the copy bandwidth measured in the same run.
 
 #include <algorithm>
 #include <cstring>
@@ -808,6 +811,130 @@ void check_delayed_cast(TestCounter& tests, bool gpu, Rng& rng) {
     }
 }
 
+// LayerNorm straight into FP8 (fp8_layernorm_forward: train_gpt -f8 1's ln1 and ln2 once their scales
+// are delayed) against layernorm_forward's bf16 output cast by fp8_quantize with the same amax given:
+// every byte of q and qt, the scale and slot, mean and rstd bit for bit, the recorded amax the host's of
+// that bf16 output exactly (it starts at a smaller value's bits), and nothing written past the tensor
+// (qt not at all without the transposed copy). The planted amax is y's x 3 (room) or / 5 (the values
+// past the format's largest saturate, in both paths alike). Shapes: each row-group width (C 144 to
+// 12288: 1 to 16 warps a row), N not a multiple of the 32-row tile (208, 48: a last chunk of 16), and
+// the tile of 16 rows where two of 32 rows would not fit an SM (on an H100 or H200 C past ~3580:
+// 4096, 8192, 12288). The LayerNorm's
+// output, cast, has been checked against the float64 reference in its own lab.
+void check_layernorm_cast(TestCounter& tests, bool gpu, Rng& rng) {
+    struct Case {
+        int N, C;
+        bool transposed;
+        float planted_over_amax;
+    };
+    const Case cases[] = {{64, 768, true, 3.0f},   {208, 144, true, 0.2f},    {48, 1600, true, 3.0f}, {96, 1600, false, 3.0f},
+                          {32, 4096, true, 0.2f},  {48, 8192, true, 3.0f},    {16, 12288, true, 3.0f}, {1024, 48, true, 3.0f}};
+    for (const Case& c : cases) {
+        const std::string what = strf("LayerNorm into FP8 %d x %d%s, planted amax x %.1f", c.N, c.C, c.transposed ? " + transposed" : "",
+                                      c.planted_over_amax);
+        if (!gpu) {
+            tests.skip(what.c_str());
+            continue;
+        }
+        const size_t n = size_t(c.N) * c.C;
+        std::vector<bf16> inp(n), w(c.C), b(c.C);
+        fill_rows(inp, c.N, c.C, rng);
+        fill_uniform(w, 0.5f, 1.5f, rng);
+        fill_uniform(b, -0.5f, 0.5f, rng);
+        DeviceBuffer<bf16> d_inp(n, "LayerNorm input"), d_w(c.C, "weight"), d_b(c.C, "bias"), d_y(n, "LayerNorm output");
+        DeviceBuffer<float> mean_ref(c.N, "mean"), rstd_ref(c.N, "rstd"), mean(c.N, "mean"), rstd(c.N, "rstd");
+        DeviceBuffer<unsigned> record(1, "recorded amax");
+        d_inp.upload(inp), d_w.upload(w), d_b.upload(b);
+        d_y.poison(), mean_ref.poison(), rstd_ref.poison(), mean.poison(), rstd.poison();
+        layernorm_forward(d_y.ptr, mean_ref.ptr, rstd_ref.ptr, d_inp.ptr, d_w.ptr, d_b.ptr, c.N, c.C);
+        cuda_check(cudaDeviceSynchronize());
+        const std::vector<bf16> y = d_y.download();
+        float amax = 0.0f;
+        for (const bf16& v : y) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+        const float planted = amax * c.planted_over_amax, before = amax / 64;
+        LabFp8Tensor ref(kE4M3, n), got(kE4M3, n);
+        ref.poison(), got.poison();
+        cuda_check(cudaMemcpy(ref.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+        cuda_check(cudaMemcpy(got.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+        cuda_check(cudaMemcpy(record.ptr, &before, sizeof(float), cudaMemcpyHostToDevice));
+        std::string why = fp8_quantize(ref, d_y.ptr, c.N, c.C, true, c.transposed, 0, 0, Fp8CastOptions().with_amax(Fp8Amax::given));
+        if (why.empty())
+            why = fp8_layernorm_forward(got, mean.ptr, rstd.ptr, d_inp.ptr, d_w.ptr, d_b.ptr, c.N, c.C, c.transposed, record.ptr);
+        cuda_check(cudaDeviceSynchronize());
+        const CastBytes a = cast_bytes(got), r = cast_bytes(ref);
+        size_t bad_q = 0, bad_qt = 0, saturated = 0;
+        const float s = fp8_scale(planted, kE4M3.emax);
+        for (size_t i = 0; i < n; i++) {
+            bad_q += a.q[i] != r.q[i];
+            if (c.transposed) bad_qt += a.qt[i] != r.qt[i];
+            saturated += std::fabs(double(__bfloat162float(y[i])) * s) > kE4M3.max;
+        }
+        const bool scale_ok = std::memcmp(a.meta.data(), r.meta.data(), 3 * sizeof(float)) == 0 && a.meta[2] == planted;
+        const std::vector<float> m_ref = mean_ref.download(), m_got = mean.download(), s_ref = rstd_ref.download(), s_got = rstd.download();
+        const bool stats_same = std::memcmp(m_ref.data(), m_got.data(), c.N * sizeof(float)) == 0 &&
+                                std::memcmp(s_ref.data(), s_got.data(), c.N * sizeof(float)) == 0;
+        float recorded = 0.0f;
+        cuda_check(cudaMemcpy(&recorded, record.ptr, sizeof(float), cudaMemcpyDeviceToHost));
+        const bool guards = guard_intact(a.q, n) && guard_intact(a.qt, c.transposed ? n : 0);
+        const bool ok = why.empty() && bad_q == 0 && bad_qt == 0 && scale_ok && stats_same && recorded == amax && guards &&
+                        (c.planted_over_amax < 1.0f) == (saturated > 0);
+        printf("  %-56s %s %s%zu bytes of q and %zu of qt differ from layernorm_forward then the cast; scale %s; mean and rstd %s; "
+               "%zu values saturated; recorded amax %.6g (host %.6g); guards %s\n",
+               what.c_str(), ok ? "ok  " : "FAIL", why.empty() ? "" : ("REFUSED: " + why + "; ").c_str(), bad_q, bad_qt,
+               scale_ok ? "the same" : "DIFFERENT", stats_same ? "the same bits" : "DIFFERENT", saturated, recorded, amax,
+               guards ? "intact" : "WRITTEN");
+        tests.record(ok);
+    }
+    const char* what = "LayerNorm into FP8, C 16400: refused";
+    if (!gpu) {
+        tests.skip(what);
+        return;
+    }
+    LabFp8Tensor t(kE4M3, 16 * 16400);
+    t.poison();
+    DeviceBuffer<bf16> x(16 * 16400, "x"), wb(16400, "weight and bias");
+    const std::string why = fp8_layernorm_forward(t, nullptr, nullptr, x.ptr, wb.ptr, wb.ptr, 16, 16400, true, nullptr);
+    cuda_check(cudaDeviceSynchronize());
+    const bool untouched = guard_intact(t.q_buf.download(), 0) && guard_intact(t.qt_buf.download(), 0);
+    printf("  %-56s %s %s; outputs %s\n", what, !why.empty() && untouched ? "ok  " : "FAIL", why.empty() ? "NOT REFUSED" : why.c_str(),
+           untouched ? "untouched" : "WRITTEN");
+    tests.record(!why.empty() && untouched);
+}
+
+// The LayerNorm's FP8 copies two ways, timed (median of 50 after 10): layernorm_forward writing bf16
+// then fp8_quantize with the amax given (train_gpt -f8 1's first step), and fp8_layernorm_forward
+// (every step after it), with and without the transposed copy; against the copy bandwidth measured in
+// the same run, for the bytes each must move (x in, y in bf16 and out, the copies out).
+inline void must_run(const std::string& why) {
+    if (!why.empty()) fail("%s", why.c_str());
+}
+void time_layernorm_cast(int N, int C, double copy_gbs) {
+    const size_t n = size_t(N) * C;
+    DeviceBuffer<bf16> x(n, "x"), y(n, "y"), w(C, "weight"), b(C, "bias");
+    DeviceBuffer<float> mean(N, "mean"), rstd(N, "rstd");
+    std::vector<bf16> h(n);
+    Rng rng(7);
+    fill_rows(h, N, C, rng);
+    x.upload(h);
+    std::vector<bf16> hw(C, __float2bfloat16(1.0f)), hb(C, __float2bfloat16(0.0f));
+    w.upload(hw), b.upload(hb);
+    LabFp8Tensor t(kE4M3, n);
+    const float planted = 8.0f;
+    for (bool transposed : {true, false}) {
+        auto pair = [&] {
+            layernorm_forward(y.ptr, mean.ptr, rstd.ptr, x.ptr, w.ptr, b.ptr, N, C);
+            must_run(fp8_quantize(t, y.ptr, N, C, true, transposed, 0, 0, Fp8CastOptions().with_amax(Fp8Amax::given)));
+        };
+        auto fused = [&] { must_run(fp8_layernorm_forward(t, mean.ptr, rstd.ptr, x.ptr, w.ptr, b.ptr, N, C, transposed, nullptr)); };
+        cuda_check(cudaMemcpy(t.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+        const float ms_pair = time_median_ms(pair), ms_fused = time_median_ms(fused);
+        const double copies = transposed ? 2.0 : 1.0, bytes_pair = n * (2.0 + 2.0 + 2.0 + copies), bytes_fused = n * (2.0 + copies);
+        printf("  %6d x %-5d %-14s LayerNorm then cast %8.1f us (%5.1f%% of copy speed)   into FP8 %8.1f us (%5.1f%%)   %.2fx\n", N, C,
+               transposed ? "both copies" : "natural only", ms_pair * 1e3, 100.0 * bytes_pair / (ms_pair * 1e-3) / 1e9 / copy_gbs,
+               ms_fused * 1e3, 100.0 * bytes_fused / (ms_fused * 1e-3) / 1e9 / copy_gbs, ms_pair / ms_fused);
+    }
+}
+
 // fp8_quantize's gelu_backward (train_gpt -f8 1 casts fc's output gradient so): x, GELU's output
 // gradient, and z, its input, in; the e5m2 copies of x GELU'(z) out, with their column sums (fc's bias
 // gradient) and amax recorded. Against gelu_backward_inplace's bf16 output cast by fp8_quantize: every
@@ -1171,6 +1298,8 @@ int main(int argc, char** argv) {
     check_delayed_cast(tests, gpu, rng);
     printf("\nGELU's backward in the output gradient's cast, with its column sums (a bias gradient), against gelu_backward_inplace:\n");
     check_gelu_backward_cast(tests, gpu, rng);
+    printf("\nLayerNorm straight into FP8, against layernorm_forward then the cast:\n");
+    check_layernorm_cast(tests, gpu, rng);
 
     std::vector<BlockSummary> blocks;
     auto gpt2 = [&](int N, bool timing) {
@@ -1229,6 +1358,10 @@ int main(int argc, char** argv) {
         printf("\nGPT-2's layers at %d rows: checked (v2 against v1, two runs), then timed\n", N);
         gpt2(N, true);
     }
+    const double copy_gbs = measure_copy_bandwidth_gbs();
+    printf("\nLayerNorm's FP8 copies (copy bandwidth %.0f GB/s, this run):\n", copy_gbs);
+    for (int N : rows)
+        for (const Model& m : models) time_layernorm_cast(N, m.C, copy_gbs);
     print_summary();
     return tests.finish();
 }
