@@ -314,17 +314,19 @@ struct WeightStream {
 // FP8 linear layers (-f8 1, fp8.cuh): each block's four linear layers run their three GEMMs in FP8,
 // forward e4m3 x e4m3 (fast accumulation), dinp e4m3 weight x e5m2 dout and dweight e4m3 inp x e5m2
 // dout (fp32 promotion), every output bf16 as in the bf16 path; one scale per tensor (scaling below).
-// LayerNorm, attention, the residual stream, the LM head and AdamW are the bf16 path's (GELU's forward
-// and backward are computed in casts: fcproj's input and fc's output gradient, below). The buffers,
-// allocated only with -f8 1:
+// LayerNorm, attention, the residual stream, the LM head and AdamW are the bf16 path's (LayerNorm 1 and
+// 2 write their outputs straight in FP8 once their scales are delayed; GELU's forward and backward are
+// computed in casts: fcproj's input and fc's output gradient, below). The buffers, allocated only with
+// -f8 1:
 //   weight[k]: (L, OC, C) e4m3 copies of layer k's weights and their transposes (L, C, OC), made
 //              when the weights change (gpt_cast_weights_fp8), not per micro-batch;
 //   input[k]:  layer k's input in e4m3: q (B T, C_in), one buffer that every layer's forward GEMM reads
 //              in turn (shared by the four kinds), and qt (L, C_in, B T), each block's transposed copy,
-//              written by the same cast in a forward that a backward follows and read by that block's
-//              weight gradient; meta per block. So the backward casts no input, and the bf16 inputs
-//              ln1 and ln2 are kept for one layer only, fch_gelu not at all: fcproj's cast makes the
-//              GELU output's copies from fch (activation_sizes);
+//              written with q in a forward that a backward follows (by the cast, or for ln1 and ln2 by
+//              the LayerNorm itself, block_layernorm) and read by that block's weight gradient; meta per
+//              block. So the backward casts no input, and the bf16 inputs ln1 and ln2 are kept for one
+//              layer only (written only until their scales have a history), fch_gelu not at all:
+//              fcproj's cast makes the GELU output's copies from fch (activation_sizes);
 //   dout[k]:   (B T, OC) e5m2, layer k's output gradient, natural (dinp) and transposed (dweight);
 //              one pair per layer of a block, so the weight stream may still read the block above's
 //              while this one's is cast (no waits beyond the bf16 path's).
@@ -335,20 +337,26 @@ struct WeightStream {
 // (fc's bias gradient), so the bf16 gradient of fch is neither written nor read.
 // Scaling: each tensor's scale is fp8_scale of an amax, found without a pass over the activations or
 // gradients after a run's first step. The weights' come from their batched casts (one amax launch per
-// layer kind a step); ln1's and ln2's from the LayerNorm forward, and dresidual's (fcproj's and
-// attproj's output gradient) from the LayerNorm backward, which write the amax of what they write
-// (current scaling: this micro-batch's own). No kernel writes the amax of the other four: atty, dqkv
-// (the attention kernels'), GELU(fch) and fch's gradient (made in their casts). Those take delayed scaling, as
-// Transformer Engine's delayed recipe does: the scale of twice the largest amax of the last
-// kFp8History training steps (each training cast records its tensor's amax, the step's is the max over
-// micro-batches and ranks). The factor 2 is one binade of headroom, so that a tensor may grow 2-4x past
-// that amax before any value saturates to the format's largest (it costs the format's lowest binade);
-// the run reports how many (tensor, step) pairs saturated. A run's first step, with no history yet, scales
-// them by their current amax (a pass each); the history goes into the checkpoints, so a resumed run
+// layer kind a step), and dresidual's (fcproj's and attproj's output gradient) from the LayerNorm
+// backward, which writes the amax of what it writes (current scaling: this micro-batch's own). The
+// other six take delayed scaling, as Transformer Engine's delayed recipe does (Fp8Delayed): atty and
+// dqkv, whose attention kernels write no amax; GELU(fch) and fch's gradient, made in their casts; ln1
+// and ln2, which the LayerNorm then writes in FP8 itself, the bf16 output never written (with a current
+// scale it would need the whole tensor's amax before its first value). A delayed scale is that of twice
+// the largest amax of the last kFp8History training steps (each training cast records its tensor's
+// amax, the step's is the max over micro-batches and ranks). The factor 2 is one binade of headroom, so
+// that a tensor may grow 2-4x past that amax before any value saturates to the format's largest (it
+// costs the format's lowest binade); the run reports how many (tensor, step) pairs saturated. A run's
+// first step, with no history yet, scales them by their current amax (a pass each; ln1's and ln2's from
+// the LayerNorm writing bf16, then a cast); the history goes into the checkpoints, so a resumed run
 // scales as the uninterrupted one.
 enum LinearLayer { kQkv, kAttproj, kFc, kFcproj };
 constexpr int kLinearIn[4] = {1, 1, 1, 4}, kLinearOut[4] = {3, 1, 4, 1};  // each layer's C and OC, in units of C
-enum Fp8Delayed { kDelayedAtty, kDelayedGelu, kDelayedDfch, kDelayedDqkv, kNumDelayed };  // the delayed-scaled tensors of a block
+// The delayed-scaled tensors of a block, in the order of the history's rows (ln1's and ln2's came last).
+enum Fp8Delayed { kDelayedAtty, kDelayedGelu, kDelayedDfch, kDelayedDqkv, kDelayedLn1, kDelayedLn2, kNumDelayed };
+constexpr int kFp8DelayedBefore = 4;  // delayed tensors a state file's history held before ln1 and ln2 joined
+static_assert(kDelayedLn1 == kFp8DelayedBefore && kDelayedLn2 + 1 == kNumDelayed, "ln1 and ln2 last: an older history is a prefix");
+constexpr Fp8Delayed kInputDelayed[4] = {kDelayedLn1, kDelayedAtty, kDelayedLn2, kDelayedGelu};  // each LinearLayer's input
 constexpr int kFp8History = 16;  // training steps whose amax a delayed scale covers
 struct Fp8Buffers {
     bool on = false;
@@ -361,6 +369,8 @@ struct Fp8Buffers {
     int* saturated = nullptr;  // delayed casts whose tensor outgrew its scale's range (some values saturated)
     int64_t delayed_casts = 0; // of how many: tensors a step scaled by the history, summed over the steps
     int64_t history_steps = 0; // training steps recorded (0: none yet, current scaling)
+    int ready = 0;             // the first `ready` of Fp8Delayed take their scale from the history (0: none yet)
+    int delayable = kNumDelayed;  // how many can: kFp8DelayedBefore where the LayerNorm cannot write FP8 (its C)
     float* colsum = nullptr;   // (ceil(B T / 64), 4C): fc's output gradient's column sums per 64-row tile (its bias gradient)
     size_t bytes = 0;          // all of them, scales included
 };
@@ -536,20 +546,25 @@ inline Fp8Tensor fp8_dout(const GPT& m, LinearLayer k, int l) {
     return t;
 }
 
-// -f8 1, a cast with no amax from the tensor's producer (Fp8Amax::compute asked for): which delayed
-// tensor it is (Fp8Delayed; -1: none), how it is scaled (the history's amax, which
-// fp8_history_kernel left in the slot, or, before any history, the cast's own pass) and where it
-// records its amax (training casts only: validation's leave the history alone). Returns the scaling.
-inline Fp8Amax fp8_scaling(GPT& m, int delayed, int l, bool training, unsigned** record) {
-    *record = nullptr;
-    if (delayed < 0) return Fp8Amax::compute;
-    if (training) *record = m.fp8.seen + delayed * m.config.L + l;
-    return m.fp8.history_steps > 0 ? Fp8Amax::given : Fp8Amax::compute;
+// -f8 1: where a training cast (or LayerNorm into FP8) of delayed tensor `delayed` of block l records
+// its amax for the history; null outside training (validation's casts leave the history alone).
+inline unsigned* fp8_record(GPT& m, Fp8Delayed delayed, int l, bool training) {
+    return training ? m.fp8.seen + delayed * m.config.L + l : nullptr;
 }
+// -f8 1, a delayed tensor's cast: scaled by the history's amax, which fp8_history_kernel left in the
+// slot, or, before the tensor has a history, by the cast's own pass.
+inline Fp8Amax fp8_scaling(const GPT& m, Fp8Delayed delayed) { return delayed < m.fp8.ready ? Fp8Amax::given : Fp8Amax::compute; }
+
+// -f8 1 with ln1's and ln2's scales delayed: the LayerNorms write qkv's and fc's FP8 inputs themselves
+// (fp8_layernorm_forward) and the bf16 ln1 and ln2 are not written. Before (a run's first step), or
+// where the LayerNorm cannot (Fp8Buffers::delayable): the LayerNorm writes bf16 and its current amax,
+// and the cast reads it.
+inline bool fp8_layernorm_direct(const GPT& m) { return m.fp8.on && m.fp8.ready > kDelayedLn2; }
 
 // -f8 1: the amax slot of block l's input of layer k, zeroed, for the kernel that writes that input
-// (LayerNorm 1 and 2) to fill as it writes, so that the cast need not read the input twice
-// (linear_forward with Fp8Amax::given). Null without FP8: the kernels as the bf16 path runs them.
+// (LayerNorm 1 and 2 before their scales are delayed) to fill as it writes, so that the cast need not
+// read the input twice (linear_forward takes it as given). Null without FP8: the kernels as the bf16
+// path runs them.
 inline unsigned* fp8_input_amax(GPT& m, LinearLayer k, int l) {
     if (!m.fp8.on) return nullptr;
     Fp8Tensor t = fp8_input(m, k, l, 0);
@@ -564,16 +579,20 @@ inline unsigned* fp8_dout_amax(GPT& m, LinearLayer k, int l) {
     return fp8_amax_slot(t);
 }
 
-// The delayed scales' metas: one array of L metas (4 floats apart) per delayed tensor.
+// The delayed scales' metas: one array of L metas (4 floats apart) per delayed tensor, and each one's
+// format.
 struct Fp8DelayedMetas {
     float* meta[kNumDelayed];
+    float largest[kNumDelayed];
+    int emax[kNumDelayed];
 };
 // Thread i, delayed tensor i / L of block i % L. push: the step's amax (seen, non-finite counted as 0:
 // a step that overflowed does not poison the scales after it) goes into history column `column`, seen
-// is zeroed, and with `count` a delayed cast whose amax outgrew the scale it was cast with adds one to
-// *saturated. Then the slot the casts scale by (meta[2]) = twice the history's largest amax (Fp8Buffers).
+// is zeroed, and a cast of the first `counted` tensors (those the step scaled by the history) whose
+// amax outgrew the scale it was cast with adds one to *saturated. Then the slot the casts scale by
+// (meta[2]) = twice the history's largest amax (Fp8Buffers).
 __global__ void fp8_history_kernel(float* history, unsigned* seen, int* saturated, Fp8DelayedMetas metas, int L, int column, bool push,
-                                   bool count) {
+                                   int counted) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= kNumDelayed * L) return;
     float* meta = metas.meta[i / L] + 4 * (i % L);
@@ -581,10 +600,8 @@ __global__ void fp8_history_kernel(float* history, unsigned* seen, int* saturate
     if (push) {
         const float amax = __uint_as_float(seen[i]);
         const float v = isfinite(amax) ? amax : 0.0f;
-        const bool e5m2 = i / L >= kDelayedDfch;  // a gradient; atty and GELU(fch) are e4m3
-        const int emax = e5m2 ? 15 : 8;                 // kE5M2.emax, kE4M3.emax
-        const float largest = e5m2 ? 57344.0f : 448.0f; // kE5M2.max, kE4M3.max
-        if (count && v * fp8_scale(meta[2], emax) > largest) atomicAdd(saturated, 1);
+        const int d = i / L;
+        if (d < counted && v * fp8_scale(meta[2], metas.emax[d]) > metas.largest[d]) atomicAdd(saturated, 1);
         h[column] = v;
         seen[i] = 0;
     }
@@ -595,13 +612,17 @@ __global__ void fp8_history_kernel(float* history, unsigned* seen, int* saturate
 inline void fp8_history_launch(GPT& m, bool push) {
     Fp8Buffers& f = m.fp8;
     const int L = m.config.L;
-    const Fp8DelayedMetas metas{{f.input[kAttproj].meta, f.input[kFcproj].meta, f.dout[kFc].meta, f.dout[kQkv].meta}};
+    const Fp8Tensor* tensors[kNumDelayed] = {&f.input[kAttproj], &f.input[kFcproj], &f.dout[kFc],
+                                             &f.dout[kQkv],      &f.input[kQkv],    &f.input[kFc]};  // Fp8Delayed's order
+    Fp8DelayedMetas metas;
+    for (int d = 0; d < kNumDelayed; d++)
+        metas.meta[d] = tensors[d]->meta, metas.largest[d] = float(tensors[d]->fmt->max), metas.emax[d] = tensors[d]->fmt->emax;
     const int column = int(f.history_steps % kFp8History);
-    const bool count = push && f.history_steps > 0;  // the first step's scales were its own amaxes
-    fp8_history_kernel<<<(kNumDelayed * L + 127) / 128, 128>>>(f.history, f.seen, f.saturated, metas, L, column, push, count);
+    const int counted = push ? f.ready : 0;  // a run's first step scaled by its own amaxes
+    fp8_history_kernel<<<(kNumDelayed * L + 127) / 128, 128>>>(f.history, f.seen, f.saturated, metas, L, column, push, counted);
     cuda_check_launch();
-    if (count) f.delayed_casts += kNumDelayed * L;
-    if (push) f.history_steps++;
+    f.delayed_casts += int64_t(counted) * L;
+    if (push) f.history_steps++, f.ready = f.delayable;
 }
 // -f8 1, at the end of a step's backward (after the ranks' seen are max-reduced): the step's amaxes
 // into the history, and the delayed scales from it.
@@ -618,13 +639,18 @@ inline std::vector<float> gpt_fp8_history(GPT& m, int64_t* steps) {
 }
 // A resumed run's history (a checkpoint's): the delayed scales as the run that wrote it had them.
 // Empty (a file from a run without -f8 1, or from before delayed scaling): the first step scales by
-// the current amax, as a new run's does.
+// the current amax, as a new run's does. A history of the first kFp8DelayedBefore tensors only (a file
+// from before ln1 and ln2 were delayed): those resume from it, ln1 and ln2 take their current amax
+// for one step, as a new run's first step does.
 inline void gpt_set_fp8_history(GPT& m, const std::vector<float>& h, int64_t steps) {
     if (!m.fp8.on || h.empty()) return;
-    const size_t want = size_t(kNumDelayed) * m.config.L * kFp8History;
-    if (h.size() != want) fail("the checkpoint's FP8 amax history holds %zu values, this model's %zu", h.size(), want);
-    cuda_check(cudaMemcpy(m.fp8.history, h.data(), want * sizeof(float), cudaMemcpyHostToDevice));
+    const size_t per_tensor = size_t(m.config.L) * kFp8History;
+    if (h.size() != kNumDelayed * per_tensor && h.size() != kFp8DelayedBefore * per_tensor)
+        fail("the checkpoint's FP8 amax history holds %zu values, this model's %zu", h.size(), kNumDelayed * per_tensor);
+    cuda_check(cudaMemset(m.fp8.history, 0, kNumDelayed * per_tensor * sizeof(float)));
+    cuda_check(cudaMemcpy(m.fp8.history, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
     m.fp8.history_steps = steps;
+    m.fp8.ready = steps > 0 ? std::min(int(h.size() / per_tensor), m.fp8.delayable) : 0;
     fp8_history_launch(m, false);
 }
 // How many delayed casts saturated (see Fp8Buffers), of how many (synchronizes).
@@ -691,7 +717,10 @@ inline void gpt_create_fp8(GPT& m, int B, int T) {
     cuda_check(cudaMemset(f.seen, 0, size_t(kNumDelayed) * L * sizeof(unsigned)));
     cuda_check(cudaMemset(f.history, 0, size_t(kNumDelayed) * L * kFp8History * sizeof(float)));
     cuda_check(cudaMemset(f.saturated, 0, sizeof(int)));
-    f.history_steps = 0;
+    f.history_steps = 0, f.ready = 0;
+    // ln1 and ln2 straight into FP8 with delayed scales from the second step; where the LayerNorm cannot
+    // (C past its tile, fp8_layernorm_refusal), they keep the first step's way: current scaling.
+    f.delayable = fp8_layernorm_refusal(16, C).empty() ? kNumDelayed : kFp8DelayedBefore;
     f.bytes = mem.bytes - before;
     f.on = true;
     // No GELU fusion in the GEMMs in FP8: the fc GEMM writes fch, fcproj's input cast applies GELU to it
@@ -839,33 +868,57 @@ template <typename T> void exp_head_forward_backward(GPT& m, T* logits, float* l
 
 // One linear layer's forward, layer k of block l: matmul_forward, or with -f8 1 its FP8 GEMM. Then
 // inp's e4m3 copies are cast here from its C values (a LayerNorm output's rows, options.inp_ld
-// apart, end in its column of ones): the natural one for this GEMM and, where a backward follows
-// (Fp8Buffers::kept_rows), the block's transposed one for its weight gradient, in the same pass;
-// the weight's were made when the weights changed. e4m3 x e4m3 with fast accumulation into bf16, the
-// bias in the epilogue and the residual as cuBLASLt's C (beta 1, out apart), as matmul_forward adds
-// them. No GELU fusion in the GEMMs in FP8 (gpt_create_fp8 sets -ge 0).
-// inp_amax: Fp8Amax::given where the kernel that wrote inp also wrote its amax (fp8_input_amax): the
-// cast then reads inp once, not twice; else (atty, GELU's output) the delayed scale (fp8_scaling).
+// apart, end in its column of ones), unless the LayerNorm wrote them (block_layernorm): the natural
+// one for this GEMM and, where a backward follows (Fp8Buffers::kept_rows), the block's transposed one
+// for its weight gradient, in the same pass; the weight's were made when the weights changed. e4m3 x
+// e4m3 with fast accumulation into bf16, the bias in the epilogue and the residual as cuBLASLt's C
+// (beta 1, out apart), as matmul_forward adds them. No GELU fusion in the GEMMs in FP8 (gpt_create_fp8
+// sets -ge 0).
+// The scale: qkv's and fc's inputs (ln1, ln2) once delayed come in FP8 from the LayerNorm
+// (block_layernorm), and there is no cast here; before that the LayerNorm wrote its amax into the slot
+// (fp8_input_amax) and the cast takes it as given, reading inp once. atty's and GELU's output take the
+// delayed scale (fp8_scaling). Training casts record the amax of what they cast for the history.
 // fp8_gelu (-f8 1 only): inp is GELU's input (fch), and the cast makes the FP8 copies of GELU(inp)
 // itself (fp8_quantize's gelu), so GELU's bf16 output is never written.
 template <typename T>
 void linear_forward(GPT& m, LinearLayer k, int l, T* out, const T* inp, const T* weight, const T* bias, int N, int C, int OC,
-                    const MatmulForwardOptions<T>& options, Fp8Amax inp_amax = Fp8Amax::compute, bool fp8_gelu = false) {
+                    const MatmulForwardOptions<T>& options, bool fp8_gelu = false) {
     if (!m.fp8.on) {
         matmul_forward(out, inp, weight, bias, N, C, OC, options);
         return;
     }
-    m.profiler.mark("fwd.fp8cast");
     Fp8Tensor input = fp8_input(m, k, l, N);
-    const bool training = m.fp8.kept_rows != 0;
-    unsigned* record = nullptr;
-    if (inp_amax == Fp8Amax::compute)
-        inp_amax = fp8_scaling(m, k == kAttproj ? kDelayedAtty : k == kFcproj ? kDelayedGelu : -1, l, training, &record);
-    fp8_cast(input, inp, N, C, true, training, options.inp_ld,
-             Fp8CastOptions().with_amax(inp_amax).with_gelu(fp8_gelu).with_record(record));
+    const bool from_layernorm = k == kQkv || k == kFc;
+    if (!(from_layernorm && fp8_layernorm_direct(m))) {
+        m.profiler.mark("fwd.fp8cast");
+        const bool training = m.fp8.kept_rows != 0;
+        const Fp8Amax scaling = from_layernorm ? Fp8Amax::given : fp8_scaling(m, kInputDelayed[k]);
+        fp8_cast(input, inp, N, C, true, training, options.inp_ld,
+                 Fp8CastOptions().with_amax(scaling).with_gelu(fp8_gelu).with_record(fp8_record(m, kInputDelayed[k], l, training)));
+    }
     m.profiler.mark("fwd.matmul");
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
         fp8_must(fp8_forward(out, input, fp8_weight(m, k, l), bias, true, 0, options.residual));
+}
+
+// LayerNorm 1 or 2 of block l, whose output out (rows Cp apart) is linear layer k's input (qkv's or
+// fc's). -f8 1 with their scales delayed (fp8_layernorm_direct): straight into that input's FP8 copies,
+// the transposed one where a backward follows, recording the amax in training, and out is not written;
+// else layernorm_forward, with -f8 1 also writing the amax of what it writes for the cast.
+template <typename T>
+void block_layernorm(GPT& m, LinearLayer k, int l, T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N,
+                     int C) {
+    if (fp8_layernorm_direct(m)) {  // a bf16 build (gpt_create_fp8)
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+            Fp8Tensor input = fp8_input(m, k, l, N);
+            const bool training = m.fp8.kept_rows != 0;
+            fp8_must(fp8_layernorm_forward(input, mean, rstd, inp, weight, bias, N, C, training,
+                                           fp8_record(m, kInputDelayed[k], l, training)));
+        }
+        return;
+    }
+    layernorm_forward(out, mean, rstd, inp, weight, bias, N, C,
+                      LayerNormForwardOptions().with_out_ld(ln_ld(C)).with_amax(fp8_input_amax(m, k, l)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -893,10 +946,8 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
     prof.mark("fwd.encoder");
     encoder_forward(a.encoded, m.batch.inputs, p.wte, p.wpe, B, T, C);
     prof.mark("fwd.layernorm");
-    // -f8 1: LayerNorm 1 and 2 also write the amax of what they write into the FP8 layer input's slot
-    // (fp8_input_amax), which the next linear layer's cast takes as given.
-    layernorm_forward(a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C,
-                      LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m, kQkv, 0)));
+    // -f8 1: LayerNorm 1 and 2 write the next linear layer's FP8 input, or its amax (block_layernorm).
+    block_layernorm(m, kQkv, 0, a.ln1, s.ln1_mean, s.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C);
     for (int l = 0; l < L; l++) {
         const floatX* x = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;  // this layer's input residual
         floatX* ln1 = a.ln1 + l * btcp;
@@ -911,7 +962,7 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
 
         prof.mark("fwd.matmul");
         linear_forward(m, kQkv, l, qkv, ln1, p.qkvw + size_t(l) * 3 * C * C, p.qkvb + size_t(l) * 3 * C, BT, C, 3 * C,
-                       MatmulForwardOptions<floatX>().with_inp_ld(Cp), Fp8Amax::given);
+                       MatmulForwardOptions<floatX>().with_inp_ld(Cp));
         prof.mark("fwd.attention");
         if (m.flash) flash_forward(atty, s.attn_lse + size_t(l) * NH * BT, qkv, B, T, NH, C / NH);
         else attention_forward(atty, att, a.qkvr, a.yr, qkv, B, T, C, NH);
@@ -921,15 +972,14 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         linear_forward(m, kAttproj, l, residual2, atty, p.attprojw + size_t(l) * C * C, p.attprojb + size_t(l) * C, BT, C, C,
                        MatmulForwardOptions<floatX>().with_residual(x));
         prof.mark("fwd.layernorm");
-        layernorm_forward(ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C,
-                          LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m, kFc, l)));
+        block_layernorm(m, kFc, l, ln2, s.ln2_mean + l * BT, s.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
         prof.mark("fwd.matmul");
         if (gelu_fusion >= 1) {  // fch = ln2 fcw^T + fcb as the epilogue's auxiliary output, fch_gelu = gelu(fch)
             matmul_forward(fch_gelu, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
                            MatmulForwardOptions<floatX>().with_pre_gelu(fch).with_inp_ld(Cp));
         } else {
             linear_forward(m, kFc, l, fch, ln2, p.fcw + size_t(l) * 4 * C * C, p.fcb + size_t(l) * 4 * C, BT, C, 4 * C,
-                           MatmulForwardOptions<floatX>().with_inp_ld(Cp), Fp8Amax::given);
+                           MatmulForwardOptions<floatX>().with_inp_ld(Cp));
             if (!m.fp8.on) {  // -f8 1: fcproj's cast applies GELU to fch itself
                 prof.mark("fwd.gelu");
                 gelu_forward(fch_gelu, fch, 4 * btc);
@@ -937,13 +987,11 @@ inline void gpt_forward(GPT& m, int B, int T, bool targets, float dloss) {
         }
         prof.mark("fwd.matmul");  // residual3 = residual2 + fch_gelu fcprojw^T + fcprojb
         linear_forward(m, kFcproj, l, residual3, m.fp8.on ? fch : fch_gelu, p.fcprojw + size_t(l) * 4 * C * C,
-                       p.fcprojb + size_t(l) * C, BT, 4 * C, C, MatmulForwardOptions<floatX>().with_residual(residual2),
-                       Fp8Amax::compute, m.fp8.on);
+                       p.fcprojb + size_t(l) * C, BT, 4 * C, C, MatmulForwardOptions<floatX>().with_residual(residual2), m.fp8.on);
         prof.mark("fwd.layernorm");  // ln_1 of the next layer, or ln_f
         if (l + 1 < L)
-            layernorm_forward(a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
-                              p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C,
-                              LayerNormForwardOptions().with_out_ld(Cp).with_amax(fp8_input_amax(m, kQkv, l + 1)));
+            block_layernorm(m, kQkv, l + 1, a.ln1 + (l + 1) * btcp, s.ln1_mean + (l + 1) * BT, s.ln1_rstd + (l + 1) * BT, residual3,
+                            p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, BT, C);
         else
             layernorm_forward(a.lnf, s.lnf_mean, s.lnf_rstd, residual3, p.lnfw, p.lnfb, BT, C);
     }
@@ -1035,7 +1083,8 @@ inline void wgrad_wait(GPT& m, WgradPoint point) {
 
 // One linear layer's backward in FP8 (-f8 1; layer k of block l): dout is cast once, on the default
 // stream, into both e5m2 copies (layer k's pair, once the weight stream has read the block above's:
-// `point`; dout_amax as for linear_forward's inp_amax, from fp8_dout_amax; dqkv's delayed), and dinp =
+// `point`; dout_amax: Fp8Amax::given where the LayerNorm backward wrote dresidual's amax into the
+// slot (fp8_dout_amax), else dqkv's and fch's gradient's delayed scale), and dinp =
 // dout weight runs there (e5m2 x e4m3, fp32 promotion, bf16 out). Then on the weight stream: dweight +=
 // inp^T dout from the transposed e4m3 copy of inp that the forward kept (e4m3 x e5m2, fp32 promotion,
 // += into the bf16 gradient), and dbias where one is asked for, as matmul_backward's column sums of
@@ -1051,8 +1100,11 @@ void linear_backward_fp8(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* d
     wgrad_wait(m, point);
     Fp8Tensor d = fp8_dout(m, k, l);
     unsigned* record = nullptr;
-    if (dout_amax == Fp8Amax::compute)
-        dout_amax = fp8_scaling(m, k == kQkv ? kDelayedDqkv : gelu_input ? kDelayedDfch : -1, l, true, &record);
+    if (dout_amax == Fp8Amax::compute && (k == kQkv || gelu_input)) {  // dqkv and fch's gradient: delayed
+        const Fp8Delayed delayed = k == kQkv ? kDelayedDqkv : kDelayedDfch;
+        dout_amax = fp8_scaling(m, delayed);
+        record = fp8_record(m, delayed, l, true);
+    }
     Fp8CastOptions o = Fp8CastOptions().with_amax(dout_amax).with_record(record);
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
         if (gelu_input) o.with_gelu_backward(gelu_input).with_column_sums(dbias ? m.fp8.colsum : nullptr);
@@ -2309,7 +2361,7 @@ static void report(const Run& r, double start) {
            r.total_batch / (median_ms * 1e-3), r.peak_used / 1073741824.0, r.dist.multi() ? " (rank 0)" : "");
     if (r.m.fp8.on)
         printf("FP8 delayed scales: %d of %lld tensor-steps saturated (a tensor past its scale's range: atty, GELU's output, "
-               "fch's gradient and dqkv of each block, each step that had a history)\n",
+               "fch's gradient, dqkv, ln1 and ln2 of each block, each step that had a history)\n",
                gpt_fp8_saturated(r.m), (long long)r.m.fp8.delayed_casts);
     if (r.m.settings.gelu_fusion > 0)
         printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "

@@ -4,15 +4,18 @@
 # 10. `make` builds train_gpt_bf16; this script builds nothing.
 #   determinism   two runs with -f8 1: identical step lines (loss, norm) and validation lines
 #   setup         the setup printout says -f8 1, and the memory line reports the FP8 copies
-#   delayed       the delayed scales' report counts 4 L (steps - 1) tensor-steps scaled by the history in a new
-#                 run (its first step scales by the current amax), and 4 L steps in a resumed one (its
+#   delayed       the delayed scales' report counts 6 L (steps - 1) tensor-steps scaled by the history in a new
+#                 run (its first step scales by the current amax), and 6 L steps in a resumed one (its
 #                 history came from the checkpoint); how many saturated is printed
 #   vs bf16       -f8 1 against -f8 0 from the same init and data: every step's loss within 2% relative,
 #                 the last step's within 1% (the bound below)
 #   resume        -f8 1 saved at step 10 and resumed with -f8 1: steps 11..30 and the validation losses
 #                 the uninterrupted run's bits, its final state file the same bytes; the same checkpoint
 #                 resumed with -f8 0 (checkpoints do not depend on -f8): runs, and steps 11..30 stay
-#                 within the bound of vs bf16 against the uninterrupted -f8 1 run
+#                 within the bound of vs bf16 against the uninterrupted -f8 1 run; and resumed from a state
+#                 file whose history holds the 4 tensors delayed before ln1 and ln2 were (an older file):
+#                 runs, counts 4 L + 6 L 19 delayed tensor-steps (ln1 and ln2 on their current amax for
+#                 its first step), and stays within the bound of vs bf16 of the uninterrupted run
 #   -r 1          the same bits as -r 0 (with -f8 1 the backward reads the GELU output's FP8 copy that
 #                 the forward kept, so -r 1 has nothing to recompute)
 #   -ov 0         the weight gradients in line, not on their own stream: the same bits as -ov 1
@@ -33,7 +36,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-checks=(determinism setup delayed vs-bf16 resume-f8 resume-bf16 recompute overlap refusals)
+checks=(determinism setup delayed vs-bf16 resume-f8 resume-bf16 resume-older recompute overlap refusals)
 passed=0 failed=0 skipped=0
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -106,7 +109,7 @@ cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | hea
 if awk -v c="$cap" 'BEGIN { exit !(c + 0 < 8.9) }'; then
     train "$tmp/cc" "${run[@]}" -x 2 -f8 1
     refused "refusals: -f8 1 on a GPU of compute capability $cap" "compute capability 8.9" "$tmp/cc"
-    for check in "${checks[@]:0:8}"; do
+    for check in "${checks[@]:0:9}"; do
         echo "train_gpt_bf16 -f8 1 $check: skipped (FP8 needs compute capability 8.9, the GPU has $cap)"
         skipped=$((skipped + 1))
     done
@@ -139,7 +142,7 @@ delayed_count() {
     got=$(sed -n 's/^FP8 delayed scales: [0-9]* of \([0-9]*\) tensor-steps.*/\1/p' <<<"$line")
     report "$1" "$([[ $got == "$3" ]] && echo 1 || echo 0)" "${line:-no report line} (expected $3)"
 }
-delayed_count "delayed: a new run's 29 steps after the first, 4 x 12 blocks each" "$tmp/a.out" $((4 * 12 * 29))
+delayed_count "delayed: a new run's 29 steps after the first, 6 x 12 blocks each" "$tmp/a.out" $((6 * 12 * 29))
 
 # ---- BASE_BIN: another build, the same run, the same bits
 if [[ -n ${BASE_BIN:-} ]]; then
@@ -169,7 +172,7 @@ fi
 # ---- resume: 10 steps with -f8 1, then on to 30 with -f8 1, and from the same checkpoint with -f8 0
 train "$tmp/r1" "${run[@]}" -x 10 -f8 1 -o "$tmp/R" -n 10
 rc1=$rc
-mkdir -p "$tmp/S" && cp "$tmp/R"/*_00000010.bin "$tmp/S"/ 2>/dev/null
+mkdir -p "$tmp/S" "$tmp/O" && cp "$tmp/R"/*_00000010.bin "$tmp/S"/ 2>/dev/null && cp "$tmp/R"/*_00000010.bin "$tmp/O"/ 2>/dev/null
 train "$tmp/r2" "${run[@]}" -x 30 -f8 1 -o "$tmp/R" -n 10 -y 1
 if [[ $rc1 -ne 0 || $rc -ne 0 ]]; then
     report "resume: -f8 1 at step 10, resumed with -f8 1" 0 "exit codes $rc1 and $rc"
@@ -181,7 +184,7 @@ else
     numeric_vals "$tmp/r2.out" >"$tmp/r2.vals"
     same "resume: -f8 1 resumed at 10, steps 11..30 = the run never stopped" "$tmp/a.second" "$tmp/r2.steps" 20
     same "resume: -f8 1 resumed at 10, val losses (10, 20, 30) = its" "$tmp/a.vals2" "$tmp/r2.vals" 3
-    delayed_count "delayed: the resumed run's 20 steps all scaled by the history" "$tmp/r2.out" $((4 * 12 * 20))
+    delayed_count "delayed: the resumed run's 20 steps all scaled by the history" "$tmp/r2.out" $((6 * 12 * 20))
     f=state_00000030.bin
     if cmp -s "$tmp/A/$f" "$tmp/R/$f"; then report "resume: -f8 1 resumed, its $f = the run never stopped's" 1 "byte for byte"
     else report "resume: -f8 1 resumed, its $f = the run never stopped's" 0 "$(cmp "$tmp/A/$f" "$tmp/R/$f" 2>&1 | head -n 1)"; fi
@@ -192,6 +195,28 @@ if [[ $rc -ne 0 ]] || ! grep -q '^resuming from step 10 ' "$tmp/r3.out"; then
     show "$tmp/r3.err"
 else
     losses_within "resume: -f8 1's step 10 resumed with -f8 0, against -f8 1" "$tmp/a.out" "$tmp/r3.out" 11 30 0.02 0.01
+fi
+
+# ---- resume-older: the step-10 checkpoint (copied to O after the first resume run) with its history cut
+# to the first 4 tensors' (12 blocks x 16 steps each)
+"$PYTHON" - "$tmp/O/state_00000010.bin" <<'PY'
+import sys
+sys.path.insert(0, "data")
+import file_formats as ff
+path = sys.argv[1]
+fields, arrays, outliers, history = ff.split_train_state(open(path, "rb").read())
+tensors, blocks, steps, float_bytes = 4, 12, 16, 4  # the older history: 4 delayed tensors of d12's 12 blocks
+older = history[:tensors * blocks * steps * float_bytes]
+fields["fp8_history_bytes"] = len(older)
+open(path, "wb").write(ff.join_train_state(fields, arrays, outliers, older))
+PY
+train "$tmp/ro" "${run[@]}" -x 30 -f8 1 -o "$tmp/O" -n 10 -y 1
+if [[ $rc -ne 0 ]] || ! grep -q '^resuming from step 10 ' "$tmp/ro.out"; then
+    report "resume-older: a 4-tensor history resumed with -f8 1" 0 "exit code $rc"
+    show "$tmp/ro.err"
+else
+    delayed_count "resume-older: 4 x 12 tensor-steps, then 19 steps of 6 x 12" "$tmp/ro.out" $((4 * 12 + 6 * 12 * 19))
+    losses_within "resume-older: steps 11..30 against the run never stopped" "$tmp/a.out" "$tmp/ro.out" 11 30 0.02 0.01
 fi
 
 # ---- -r 1 and -ov 0: the same bits as the first run
