@@ -25,8 +25,8 @@ template <typename T, int WPR, bool RESIDUAL, bool STREAM_LOADS = false, int MIN
 __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
     forward_variant_vec_kernel(T* residual, T* out, float* mean, float* rstd, const T* inp1, const T* inp2,
                                const T* weight, const T* bias, int N, int C, int out_ld) {
-    constexpr int BLOCK = block_threads<WPR, MIN_BLOCK>(), TPR = 32 * WPR, ROWS = BLOCK / TPR, VS = Vec128<T>::size;
-    constexpr int K = kForwardColsPerThread / VS;
+    constexpr int BLOCK = block_threads<WPR, MIN_BLOCK>(), TPR = ForwardRow<T, WPR>::TPR, ROWS = BLOCK / TPR;
+    constexpr int VS = ForwardRow<T, WPR>::VS, K = ForwardRow<T, WPR>::K;
     __shared__ float buf[2][BLOCK / 32];
     const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
     const int row = blockIdx.x * ROWS + group;
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
     const size_t offset = size_t(active ? row : N - 1) * C;  // inactive groups still reach the barriers
     const int nvec = C / VS;
 
-    Vec128<T> xv[K];
+    ForwardRow<T, WPR> x;  // the header's row code: the same sums and y
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;
@@ -44,45 +44,24 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
                 Vec128<T> a = load(inp1 + offset + size_t(i) * VS);
                 Vec128<T> b = load(inp2 + offset + size_t(i) * VS);
 #pragma unroll
-                for (int j = 0; j < VS; j++) xv[k][j] = from_float<T>(to_float(a[j]) + to_float(b[j]));
+                for (int j = 0; j < VS; j++) x.x[k][j] = from_float<T>(to_float(a[j]) + to_float(b[j]));
             } else {
-                xv[k] = load(inp1 + offset + size_t(i) * VS);
+                x.x[k] = load(inp1 + offset + size_t(i) * VS);
             }
         }
     }
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; k++)
-        if (k * TPR + t < nvec)
-#pragma unroll
-            for (int j = 0; j < VS; j++) sum += to_float(xv[k][j]);
-    const float m = row_group_sum<WPR, BLOCK>(sum, buf[0]) / C;
-    float sq = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; k++)
-        if (k * TPR + t < nvec)
-#pragma unroll
-            for (int j = 0; j < VS; j++) {
-                const float d = to_float(xv[k][j]) - m;
-                sq += d * d;
-            }
-    const float s = rsqrtf(row_group_sum<WPR, BLOCK>(sq, buf[1]) / C + kEps);
+    const float2 ms = x.template stats<BLOCK>(t, nvec, C, buf);
     if (!active) return;  // no barrier after this point
     if (t == 0) {
-        if (mean) mean[row] = m;
-        if (rstd) rstd[row] = s;
+        if (mean) mean[row] = ms.x;
+        if (rstd) rstd[row] = ms.y;
     }
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;
         if (i < nvec) {
-            if constexpr (RESIDUAL) xv[k].store(residual + offset + size_t(i) * VS);
-            const Vec128<T> w = Vec128<T>::load(weight + size_t(i) * VS);
-            const Vec128<T> b = Vec128<T>::load(bias + size_t(i) * VS);
-            Vec128<T> y;
-#pragma unroll
-            for (int j = 0; j < VS; j++)
-                y[j] = from_float<T>((to_float(xv[k][j]) - m) * s * to_float(w[j]) + to_float(b[j]));
+            if constexpr (RESIDUAL) x.x[k].store(residual + offset + size_t(i) * VS);
+            const Vec128<T> y = x.output(k, ms, Vec128<T>::load(weight + size_t(i) * VS), Vec128<T>::load(bias + size_t(i) * VS));
             y.store(out + size_t(row) * out_ld + size_t(i) * VS);
         }
     }
