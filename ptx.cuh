@@ -3,9 +3,8 @@
 //     zero fill, their groups and waits.
 //   - mma.sync m16n8k16 (bf16 in, fp32 accumulate), ldmatrix, movmatrix, ex2.approx.ftz (sm_80+).
 //   - Hopper (sm_90a): warpgroup MMA (wgmma) and its shared-memory descriptors, fences and waits;
-//     mbarriers; the tensor-memory accelerator (TMA) and its tensor maps; bulk copies and fp32 bulk
-//     reduce-adds from shared to global memory; acquire / release flags between blocks; thread-block
-//     clusters; register reallocation (setmaxnreg).
+//     mbarriers; the tensor-memory accelerator (TMA) and its tensor maps; thread-block clusters;
+//     register reallocation (setmaxnreg).
 // The sm_90a instructions assemble only where the build targets sm_90a (GPU_ARCH=90, the Makefile's
 // compute_90a): kernels that use them put their body under #ifdef PTX_HAVE_SM90A and trap otherwise,
 // and their launchers check wgmma_available() first.
@@ -175,17 +174,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_mn(float (&d)[32], const uint
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
-// d (64 x 64, fp32) = A B + (accumulate ? d : 0) with both operands in shared memory and MN-major (the
-// transpose bits): A (64 x 16) stored as 16 rows of its 64 M values, B (16 x 64) as 16 rows of its 64 N
-// values, e.g. dq = dS k from dS^T and k as they are stored.
-__device__ __forceinline__ void wgmma_m64n64k16_ss_mn(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Hopper: mbarriers. A barrier in shared memory completes a phase when its expected arrivals (and,
 // with expect_tx, the bytes the TMA was announced to deliver) have come; waits name the phase by
@@ -265,31 +253,6 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // Waits until this thread's bulk stores are complete (written to global memory).
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
-// Contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from shared to global memory, in
-// this thread's bulk group: a plain copy, or an fp32 add into what global memory holds (done in L2, one
-// add per element; the order of two such adds to the same place is the order the caller imposes).
-__device__ __forceinline__ void bulk_store_1d(void* gmem, const void* smem, uint32_t bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem_u32(smem)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem_u32(smem)),
-                 "r"(bytes)
-                 : "memory");
-}
-// Global memory written or read through the async proxy (bulk copies) on one side, the generic proxy
-// (plain loads, the flags below) on the other.
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-// A flag between blocks: the release publishes this thread's earlier writes to whoever acquires the value.
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 
 // Named barrier `id` (1..15; 0 is __syncthreads') over THREADS threads, a multiple of 32.
 template <int THREADS> __device__ __forceinline__ void named_barrier_sync(int id) {

@@ -54,24 +54,6 @@
 //      product issued together with dk's, after dS, instead of while dS is computed: at 168
 //      registers ptxas then no longer serializes the wgmma instructions (its C7512 warning on 13) and
 //      nothing spills. The same products in the same order: bit-identical to 12 and 13.
-//   15 one kernel, no dS in memory, no dq kernel (flash_attention_lab.cuh, backward_fused_wgmma_kernel;
-//      FlashAttention-3's backward structure at our tile sizes): a block per 64 keys with a TMA loader
-//      warp (q, dO by tensor maps, lse and D, into a 2-stage mbarrier ring), a consumer warpgroup that
-//      runs 14's four products unchanged plus dq's share dS k (dS^T through a swizzled shared tile, both
-//      operands MN-major), and a dq warp that adds each 64 x 64 fp32 share into L2 by the bulk
-//      reduce-add, key blocks in a fixed order (diagonal first, per-tile counters; the first share
-//      stores, the last reads the sum and writes dq in bf16). Why: the dS round trip (0.86 GB written,
-//      then read by the dq kernel, ~0.38 ms) is gone, and the ordered sums, which cost ~0.37 ms when the
-//      product warps waited for their turn (docs/attention.md), wait on a warp of their own with two
-//      buffers of slack. setmaxnreg: 72 registers for the loader warpgroup, 184 for the consumer, 2
-//      blocks an SM. dk and dv: 14's bits (checked); dq: another summation order (checked against the
-//      reference) and the same bits on every run (checked). Else version 10 runs.
-//   16 15 with two consumer warpgroups a block (backward_fused2_wgmma_kernel; FlashAttention-3's
-//      NumMmaWarpGroups = 2): 128 keys a block, each warpgroup 15's products on its 64, both sharing each
-//      query tile's q, dO, lse and D; dq's product split by head dimension (each warpgroup 32 columns
-//      over all 128 keys, wgmma m64n32k16), so one 64 x 64 share a (query tile, 128 keys) goes to L2:
-//      half of 15's reduce-adds and q, dO loads. 384 threads, setmaxnreg 72 / 216, one block an SM. dk
-//      and dv: 14's bits (checked); dq: the same bits on every run (checked). Else version 10 runs.
 //
 // FLOPs: 2.5 x the forward's, 2.5 * 4 * B * NH * T * T * HS / 2 (the five matrix products q k^T,
 // dO v^T, P^T dO, dS^T q, dS k of a fused backward, over the T^2 / 2 causal pairs). Every version is
@@ -89,7 +71,7 @@
 #include "dev/cuda/flash_attention_lab.cuh"
 #include "flash_attention.cuh"
 
-constexpr int kNumVersions = 16;
+constexpr int kNumVersions = 14;
 constexpr int kNaiveMaxHS = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -160,26 +142,18 @@ __global__ void dkdv_kernel1(T* dqkv, const T* dout, const float* lse, const flo
 // ---------------------------------------------------------------------------------------------
 // Dispatch.
 
-// Everything a version may need beyond its inputs: D (versions 1, 3+), the dS tiles (10+; poisoned
-// with NaN so a tile the dq kernel reads but nobody wrote fails the check), version 15's fp32 dq sums
-// (poisoned too: each tile's first share must store, not add) and counters, and for version 2 the
+// Everything a version may need beyond its inputs: D (versions 1, 3+), the dS tiles (10, 11; poisoned
+// with NaN so a tile the dq kernel reads but nobody wrote fails the check), and for version 2 the
 // forward's probabilities and attention.cuh's permute buffers.
 template <typename T> struct Scratch {
     DeviceBuffer<float> D;
     std::unique_ptr<DeviceBuffer<uint4>> ds;
-    std::unique_ptr<DeviceBuffer<float>> dq_acc;
-    std::unique_ptr<DeviceBuffer<int>> counters;
     std::unique_ptr<DeviceBuffer<T>> att, qkvr, dqkvr, dyr, datt, y, yr;
-    Scratch(const AttnShape& s, bool cublas, bool store_ds = false, bool fused = false)
+    Scratch(const AttnShape& s, bool cublas, bool store_ds = false)
         : D(flash_attention_backward_scratch_bytes(s.B, s.T, s.NH, s.HS) / 4, "D") {
         if (store_ds) {
             ds.reset(new DeviceBuffer<uint4>(flash_detail::backward_ds_bytes(s.B, s.T, s.NH) / sizeof(uint4), "dS tiles"));
             ds->poison();
-        }
-        if (fused) {
-            dq_acc.reset(new DeviceBuffer<float>(flash_lab::backward_fused_dq_floats(s.B, s.T, s.NH), "dq sums"));
-            dq_acc->poison();
-            counters.reset(new DeviceBuffer<int>(flash_lab::backward_fused_counters(s.B, s.T, s.NH), "dq counters"));
         }
         if (!cublas) return;
         const size_t tt = size_t(s.B) * s.NH * s.T * s.T, per = s.rows() * s.C();
@@ -247,22 +221,6 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
                 if (ran) return "no wgmma path for this HS or GPU, ran v10";
             }
             break;
-        case 15:
-            ran = flash_lab::backward_fused_wgmma<2>(dqkvb, sc.D.ptr, sc.dq_acc->ptr, sc.counters->ptr, doutb, outb, lse, qkvb, B, T_,
-                                                     NH, HS, 0);
-            if (!ran) {
-                ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
-                if (ran) return "no wgmma path for this HS or GPU, ran v10";
-            }
-            break;
-        case 16:
-            ran = flash_lab::backward_fused2_wgmma<2>(dqkvb, sc.D.ptr, sc.dq_acc->ptr, sc.counters->ptr, doutb, outb, lse, qkvb, B, T_,
-                                                      NH, HS, 0);
-            if (!ran) {
-                ran = flash_lab::backward_tc<4, 1, 64, 4, 1, 64>(dqkvb, sc.D.ptr, doutb, outb, lse, qkvb, B, T_, NH, HS, 0, sc.ds->ptr);
-                if (ran) return "no wgmma path for this HS or GPU, ran v10";
-            }
-            break;
         default: fail("version %d does not exist (1..%d)", version, kNumVersions);
     }
     if (!ran) {
@@ -273,8 +231,7 @@ const char* run_version(int version, T* dqkv, const T* dout, const T* out, const
 }
 
 bool version_has_dtype(int version, bool bf16) { return bf16 || version <= 2; }
-bool version_stores_ds(int version) { return version >= 10; }  // 15: for its fallback, version 10
-bool version_fused(int version) { return version == 15 || version == 16; }
+bool version_stores_ds(int version) { return version >= 10; }
 
 // ---------------------------------------------------------------------------------------------
 // Validation.
@@ -291,7 +248,7 @@ template <typename T> int check_one(int version, const AttnShape& s, const Input
     DeviceBuffer<T> dqkv(in.qkv.size(), "dqkv");
     DeviceBuffer<float> lse(in.lse.size(), "lse");
     qkv.upload(convert<T>(in.qkv)), dout.upload(convert<T>(in.dout)), out.upload(convert<T>(in.out)), lse.upload(in.lse);
-    Scratch<T> sc(s, version == 2, version_stores_ds(version), version_fused(version));
+    Scratch<T> sc(s, version == 2, version_stores_ds(version));
     if (version == 2) prepare_version2(sc, qkv.ptr, s);
     dqkv.poison();
     const char* note = run_version<T>(version, dqkv.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc);
@@ -340,32 +297,6 @@ bool check_v14_bits(const AttnShape& s, const Inputs& in) {
     return ok;
 }
 
-// Version 15 against 14: dk and dv from the same products in the same order, so the same bits; dq
-// sums its shares in another order (checked against the reference above). And version 15 twice: the
-// same bits (its dq shares are added in a fixed order, whatever order the blocks run in).
-template <int V> bool check_fused_bits(const AttnShape& s, const Inputs& in) {
-    typedef __nv_bfloat16 bf16;
-    DeviceBuffer<bf16> qkv(in.qkv.size(), "qkv"), dout(in.dout.size(), "dout"), out(in.out.size(), "out");
-    DeviceBuffer<bf16> d14(in.qkv.size(), "dqkv 14"), d15a(in.qkv.size(), "dqkv 15"), d15b(in.qkv.size(), "dqkv 15");
-    DeviceBuffer<float> lse(in.lse.size(), "lse");
-    qkv.upload(convert<bf16>(in.qkv)), dout.upload(convert<bf16>(in.dout)), out.upload(convert<bf16>(in.out)), lse.upload(in.lse);
-    Scratch<bf16> sc14(s, false, true), sc15(s, false, true, true);
-    d14.poison(), d15a.poison(), d15b.poison();
-    run_version<bf16>(14, d14.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc14);
-    run_version<bf16>(V, d15a.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc15);
-    sc15.dq_acc->poison();
-    run_version<bf16>(V, d15b.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc15);
-    const auto a = d14.download(), x = d15a.download(), y = d15b.download();
-    const size_t C = size_t(s.C());
-    bool kv_same = true;
-    for (size_t row = 0; row < s.rows() && kv_same; row++)  // dk and dv: columns C .. 3C of each row
-        kv_same = memcmp(a.data() + row * 3 * C + C, x.data() + row * 3 * C + C, 2 * C * sizeof(bf16)) == 0;
-    const bool twice = memcmp(x.data(), y.data(), x.size() * sizeof(bf16)) == 0;
-    printf("  v%d dk, dv = v14's: %s; v%d run twice (dq, dk, dv): %s\n", V, kv_same ? "bitwise identical" : "DIFFERENT", V,
-           twice ? "bitwise identical" : "DIFFERENT");
-    return kv_same && twice;
-}
-
 void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
     uint64_t seed = 100;
     for (const AttnShape& s : kCheckShapes) {
@@ -386,20 +317,22 @@ void check_all(TestCounter& tests, bool gpu, const std::vector<int>& versions) {
                 printf("%s (max|score| %.2f)\n", name, ref.max_abs_score);
                 tests.record(name, bf16 ? check_one<__nv_bfloat16>(v, s, in, ref) : check_one<float>(v, s, in, ref));
             }
-        // Elsewhere (another head size, or a GPU without wgmma) 13, 14 and 15 all run version 10: the
-        // bitwise comparisons would test nothing.
-        auto bits = [&](int version, const char* what, bool (*check)(const AttnShape&, const Inputs&)) {
-            if (s.HS != 64 || std::find(versions.begin(), versions.end(), version) == versions.end()) return;
+        // Elsewhere (another head size, or a GPU without wgmma) 13 and 14 both run version 10: the
+        // comparison would test nothing.
+        if (s.HS == 64 && std::find(versions.begin(), versions.end(), 14) != versions.end()) {
             char name[160];
-            snprintf(name, sizeof(name), "backward %s bf16 B=%d NH=%d T=%d HS=%d", what, s.B, s.NH, s.T, s.HS);
-            if (!gpu) return tests.skip(name);
-            if (!ptx::wgmma_available()) return tests.skip(name, "no wgmma on this GPU: each would run version 10");
+            snprintf(name, sizeof(name), "backward v14 = v13 bf16 B=%d NH=%d T=%d HS=%d", s.B, s.NH, s.T, s.HS);
+            if (!gpu) {
+                tests.skip(name);
+                continue;
+            }
+            if (!ptx::wgmma_available()) {
+                tests.skip(name, "no wgmma on this GPU: both would run version 10");
+                continue;
+            }
             printf("%s\n", name);
-            tests.record(check(s, in));
-        };
-        bits(14, "v14 = v13", check_v14_bits);
-        bits(15, "v15 dk,dv = v14, v15 run twice", check_fused_bits<15>);
-        bits(16, "v16 dk,dv = v14, v16 run twice", check_fused_bits<16>);
+            tests.record(check_v14_bits(s, in));
+        }
     }
 }
 
@@ -448,7 +381,7 @@ template <typename T> void benchmark(const std::vector<int>& versions, const Att
     lse.upload(make_uniform_bf16(lse.n, 3.0f, 6.0f, 7));
     for (int v : versions) {
         if (!version_has_dtype(v, std::is_same<T, __nv_bfloat16>::value)) continue;
-        Scratch<T> sc(s, v == 2, version_stores_ds(v), version_fused(v));
+        Scratch<T> sc(s, v == 2, version_stores_ds(v));
         if (v == 2) prepare_version2(sc, qkv.ptr, s);
         const char* note = nullptr;
         auto run = [&] { note = run_version<T>(v, dqkv.ptr, dout.ptr, out.ptr, lse.ptr, qkv.ptr, s, sc); };
