@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(256)
     __shared__ float chunk_sums[4][kCastTile];
     const size_t z = blockIdx.z;
     x += z * R * ld, q += z * R * C, qt += z * R * C, meta += 4 * z;
-    constexpr int emax = E5M2 ? 15 : 8;  // kE5M2.emax, kE4M3.emax
+    constexpr int emax = (E5M2 ? kE5M2 : kE4M3).emax;
     const float s = fp8_scale(__uint_as_float(*reinterpret_cast<const unsigned*>(meta + 2)), emax);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[0] = 1.0f / s, meta[1] = s;
     const int r0 = blockIdx.x * kCastTile, c0 = blockIdx.y * kCastTile;
@@ -402,10 +402,7 @@ __global__ void __launch_bounds__(layernorm_detail::forward_block_threads<__nv_b
         Row x;
         x.load(inp + size_t(row) * C, t, nvec);
         const float2 ms = x.template stats<BLOCK>(t, nvec, C, buf);
-        if (t == 0) {
-            if (mean) mean[row] = ms.x;
-            if (rstd) rstd[row] = ms.y;
-        }
+        if (t == 0) Row::store_stats(mean, rstd, row, ms);
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int i = k * TPR + t;

@@ -154,6 +154,11 @@ template <typename T, int WPR> struct ForwardRow {
                 }
         return make_float2(m, rsqrtf(row_group_sum<WPR, BLOCK>(sq, buf[1]) / C + kEps));
     }
+    // The row's mean and rstd into mean[row] and rstd[row] (either may be null), by one thread of the group.
+    static __device__ __forceinline__ void store_stats(float* mean, float* rstd, int row, float2 ms) {
+        if (mean) mean[row] = ms.x;
+        if (rstd) rstd[row] = ms.y;
+    }
     // y for vector k (column i = k TPR + t), with the weight's and bias's vectors at i.
     __device__ __forceinline__ Vec128<T> output(int k, float2 ms, const Vec128<T>& w, const Vec128<T>& b) const {
         Vec128<T> y;
@@ -183,10 +188,7 @@ __global__ void __launch_bounds__(forward_block_threads<T, WPR>())
     const float2 ms = x.template stats<BLOCK>(t, nvec, C, buf);
     // No barrier after this point, but AMAX's at the end, which inactive groups reach writing nothing.
     if (!AMAX && !active) return;
-    if (t == 0 && active) {
-        if (mean) mean[row] = ms.x;
-        if (rstd) rstd[row] = ms.y;
-    }
+    if (t == 0 && active) Row::store_stats(mean, rstd, row, ms);
     unsigned amax = 0;
 #pragma unroll
     for (int k = 0; k < K; k++) {

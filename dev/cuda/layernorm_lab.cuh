@@ -52,10 +52,7 @@ __global__ void __launch_bounds__(block_threads<WPR, MIN_BLOCK>())
     }
     const float2 ms = x.template stats<BLOCK>(t, nvec, C, buf);
     if (!active) return;  // no barrier after this point
-    if (t == 0) {
-        if (mean) mean[row] = ms.x;
-        if (rstd) rstd[row] = ms.y;
-    }
+    if (t == 0) x.store_stats(mean, rstd, row, ms);
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int i = k * TPR + t;

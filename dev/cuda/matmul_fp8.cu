@@ -527,6 +527,14 @@ void check_shape(TestCounter& tests, bool gpu, const Shape& sh, Rng& rng) {
     }
 }
 
+// A refusal's check: ok when `why` gives the reason and nothing was written (untouched).
+void record_refusal(TestCounter& tests, const char* what, const std::string& why, bool untouched) {
+    const bool ok = !why.empty() && untouched;
+    printf("  %-56s %s %s; outputs %s\n", what, ok ? "ok  " : "FAIL", why.empty() ? "NOT REFUSED" : why.c_str(),
+           untouched ? "untouched" : "WRITTEN");
+    tests.record(ok);
+}
+
 // Shapes not for FP8, and a misaligned input: refused with words, nothing written.
 void check_refusals(TestCounter& tests, bool gpu) {
     const Shape refused[] = {{37, 64, 64}, {64, 40, 64}, {64, 64, 24}};
@@ -538,11 +546,7 @@ void check_refusals(TestCounter& tests, bool gpu) {
         }
         ShapeBuffers B(sh.N, sh.C, sh.OC);
         const LayerRun r = run_layer(B, 2, std::vector<float>(size_t(sh.OC) * sh.C, 0.0f));
-        const bool untouched = guard_intact(r.out, 0) && guard_intact(r.dinp, 0) && guard_intact(r.q[0], 0);
-        const bool ok = !r.refusal.empty() && untouched;
-        printf("  %-30s %s %s; outputs %s\n", what.c_str(), ok ? "ok  " : "FAIL", r.refusal.empty() ? "NOT REFUSED" : r.refusal.c_str(),
-               untouched ? "untouched" : "WRITTEN");
-        tests.record(ok);
+        record_refusal(tests, what.c_str(), r.refusal, guard_intact(r.out, 0) && guard_intact(r.dinp, 0) && guard_intact(r.q[0], 0));
     }
     const char* what = "refusal: inp 2 bytes past 16-byte alignment";
     if (!gpu) {
@@ -551,9 +555,10 @@ void check_refusals(TestCounter& tests, bool gpu) {
     }
     DeviceBuffer<bf16> x(64 * 64, "misaligned inp", 1);
     LabFp8Tensor t(kE4M3, 64 * 64);
+    t.poison();
     const std::string why = fp8_quantize(t, x.ptr, 64, 64, true, true);
-    printf("  %-30s %s %s\n", what, why.empty() ? "FAIL" : "ok  ", why.empty() ? "NOT REFUSED" : why.c_str());
-    tests.record(!why.empty());
+    cuda_check(cudaDeviceSynchronize());
+    record_refusal(tests, what, why, guard_intact(t.q_buf.download(), 0) && guard_intact(t.qt_buf.download(), 0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -895,10 +900,7 @@ void check_layernorm_cast(TestCounter& tests, bool gpu, Rng& rng) {
     DeviceBuffer<bf16> x(16 * 16400, "x"), wb(16400, "weight and bias");
     const std::string why = fp8_layernorm_forward(t, nullptr, nullptr, x.ptr, wb.ptr, wb.ptr, 16, 16400, true, nullptr);
     cuda_check(cudaDeviceSynchronize());
-    const bool untouched = guard_intact(t.q_buf.download(), 0) && guard_intact(t.qt_buf.download(), 0);
-    printf("  %-56s %s %s; outputs %s\n", what, !why.empty() && untouched ? "ok  " : "FAIL", why.empty() ? "NOT REFUSED" : why.c_str(),
-           untouched ? "untouched" : "WRITTEN");
-    tests.record(!why.empty() && untouched);
+    record_refusal(tests, what, why, guard_intact(t.q_buf.download(), 0) && guard_intact(t.qt_buf.download(), 0));
 }
 
 // The LayerNorm's FP8 copies two ways, timed (median of 50 after 10): layernorm_forward writing bf16
