@@ -131,6 +131,17 @@ template <bool E5M2> __device__ __forceinline__ unsigned fp8x4(float a, float b,
     const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
     return lo | hi << 16;
 }
+// 8 bf16 values times s, to FP8 in order (SATFINITE): one 8-byte vector of a natural copy. amax (null:
+// none): the values' largest |y| max'ed into its bits.
+template <bool E5M2> __device__ __forceinline__ uint2 fp8x8(const Vec128<__nv_bfloat16>& y, float s, unsigned* amax = nullptr) {
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (amax) *amax = max(*amax, abs_bits(__bfloat162float(y[j])));
+        f[j] = __bfloat162float(y[j]) * s;
+    }
+    return make_uint2(fp8x4<E5M2>(f[0], f[1], f[2], f[3]), fp8x4<E5M2>(f[4], f[5], f[6], f[7]));
+}
 
 // x (R, C; rows ld apart) bf16 -> q (R, C) and/or qt (C, R) FP8, q = fp8(y s) with s from meta[2]'s
 // amax, y = x, or with GELU GELU(x), with DGELU x GELU'(gelu_in) (GELU's backward: x its output's
@@ -175,13 +186,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int j = 0; j < 8; j++) amax_bits = max(amax_bits, abs_bits(__bfloat162float(in[j])));
         if (kTransposed) *reinterpret_cast<int4*>(&tile[row][col]) = *reinterpret_cast<const int4*>(in.v);
-        if (kNatural) {
-            float f[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = __bfloat162float(in[j]) * s;
-            *reinterpret_cast<uint2*>(q + size_t(r) * C + c) =
-                make_uint2(fp8x4<E5M2>(f[0], f[1], f[2], f[3]), fp8x4<E5M2>(f[4], f[5], f[6], f[7]));
-        }
+        if (kNatural) *reinterpret_cast<uint2*>(q + size_t(r) * C + c) = fp8x8<E5M2>(in, s);
     }
     if (record) block_atomic_max<256>(record, amax_bits);  // every thread of the block: record is the same for all
     if (!kTransposed) return;
@@ -409,17 +414,11 @@ __global__ void __launch_bounds__(layernorm_detail::forward_block_threads<__nv_b
             if (i >= nvec) continue;
             const Vec128<__nv_bfloat16> y =
                 x.output(k, ms, Vec128<__nv_bfloat16>::load(weight + size_t(i) * 8), Vec128<__nv_bfloat16>::load(bias + size_t(i) * 8));
-            float f[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                amax = max(amax, abs_bits(__bfloat162float(y[j])));
-                f[j] = __bfloat162float(y[j]) * s;
-            }
-            const unsigned lo = fp8x4<false>(f[0], f[1], f[2], f[3]), hi = fp8x4<false>(f[4], f[5], f[6], f[7]);
-            *reinterpret_cast<uint2*>(q + size_t(row) * C + i * 8) = make_uint2(lo, hi);
+            const uint2 v = fp8x8<false>(y, s, &amax);
+            *reinterpret_cast<uint2*>(q + size_t(row) * C + i * 8) = v;
             if (qt) {  // tile rows C + 4 bytes apart: 4-byte aligned
                 unsigned* at = reinterpret_cast<unsigned*>(tile + rr * ld + i * 8);
-                at[0] = lo, at[1] = hi;
+                at[0] = v.x, at[1] = v.y;
             }
         }
     }

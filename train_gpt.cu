@@ -356,7 +356,23 @@ constexpr int kLinearIn[4] = {1, 1, 1, 4}, kLinearOut[4] = {3, 1, 4, 1};  // eac
 enum Fp8Delayed { kDelayedAtty, kDelayedGelu, kDelayedDfch, kDelayedDqkv, kDelayedLn1, kDelayedLn2, kNumDelayed };
 constexpr int kFp8DelayedBefore = 4;  // delayed tensors a state file's history held before ln1 and ln2 joined
 static_assert(kDelayedLn1 == kFp8DelayedBefore && kDelayedLn2 + 1 == kNumDelayed, "ln1 and ln2 last: an older history is a prefix");
-constexpr Fp8Delayed kInputDelayed[4] = {kDelayedLn1, kDelayedAtty, kDelayedLn2, kDelayedGelu};  // each LinearLayer's input
+// Which delayed tensor each LinearLayer's input and output gradient is. attproj's and fcproj's output
+// gradient is dresidual, on current scaling (kNotDelayed).
+constexpr int kNotDelayed = -1;
+constexpr int kInputDelayed[4] = {kDelayedLn1, kDelayedAtty, kDelayedLn2, kDelayedGelu};
+constexpr int kDoutDelayed[4] = {kDelayedDqkv, kNotDelayed, kDelayedDfch, kNotDelayed};
+// Each delayed tensor is one layer's input or output gradient, once.
+constexpr bool fp8_delayed_tables_cover() {
+    int seen[kNumDelayed] = {};
+    for (int k = 0; k < 4; k++) {
+        seen[kInputDelayed[k]]++;
+        if (kDoutDelayed[k] != kNotDelayed) seen[kDoutDelayed[k]]++;
+    }
+    for (int d = 0; d < kNumDelayed; d++)
+        if (seen[d] != 1) return false;
+    return true;
+}
+static_assert(fp8_delayed_tables_cover(), "kInputDelayed and kDoutDelayed name every delayed tensor once");
 constexpr int kFp8History = 16;  // training steps whose amax a delayed scale covers
 struct Fp8Buffers {
     bool on = false;
@@ -548,12 +564,12 @@ inline Fp8Tensor fp8_dout(const GPT& m, LinearLayer k, int l) {
 
 // -f8 1: where a training cast (or LayerNorm into FP8) of delayed tensor `delayed` of block l records
 // its amax for the history; null outside training (validation's casts leave the history alone).
-inline unsigned* fp8_record(GPT& m, Fp8Delayed delayed, int l, bool training) {
+inline unsigned* fp8_record(GPT& m, int delayed, int l, bool training) {
     return training ? m.fp8.seen + delayed * m.config.L + l : nullptr;
 }
 // -f8 1, a delayed tensor's cast: scaled by the history's amax, which fp8_history_kernel left in the
 // slot, or, before the tensor has a history, by the cast's own pass.
-inline Fp8Amax fp8_scaling(const GPT& m, Fp8Delayed delayed) { return delayed < m.fp8.ready ? Fp8Amax::given : Fp8Amax::compute; }
+inline Fp8Amax fp8_scaling(const GPT& m, int delayed) { return delayed < m.fp8.ready ? Fp8Amax::given : Fp8Amax::compute; }
 
 // -f8 1 with ln1's and ln2's scales delayed: the LayerNorms write qkv's and fc's FP8 inputs themselves
 // (fp8_layernorm_forward) and the bf16 ln1 and ln2 are not written. Before (a run's first step), or
@@ -612,8 +628,11 @@ __global__ void fp8_history_kernel(float* history, unsigned* seen, int* saturate
 inline void fp8_history_launch(GPT& m, bool push) {
     Fp8Buffers& f = m.fp8;
     const int L = m.config.L;
-    const Fp8Tensor* tensors[kNumDelayed] = {&f.input[kAttproj], &f.input[kFcproj], &f.dout[kFc],
-                                             &f.dout[kQkv],      &f.input[kQkv],    &f.input[kFc]};  // Fp8Delayed's order
+    const Fp8Tensor* tensors[kNumDelayed] = {};  // in Fp8Delayed's order
+    for (int k = 0; k < 4; k++) {
+        tensors[kInputDelayed[k]] = &f.input[k];
+        if (kDoutDelayed[k] != kNotDelayed) tensors[kDoutDelayed[k]] = &f.dout[k];
+    }
     Fp8DelayedMetas metas;
     for (int d = 0; d < kNumDelayed; d++)
         metas.meta[d] = tensors[d]->meta, metas.largest[d] = float(tensors[d]->fmt->max), metas.emax[d] = tensors[d]->fmt->emax;
@@ -1100,10 +1119,9 @@ void linear_backward_fp8(GPT& m, LinearLayer k, int l, T* dinp, T* dweight, T* d
     wgrad_wait(m, point);
     Fp8Tensor d = fp8_dout(m, k, l);
     unsigned* record = nullptr;
-    if (dout_amax == Fp8Amax::compute && (k == kQkv || gelu_input)) {  // dqkv and fch's gradient: delayed
-        const Fp8Delayed delayed = k == kQkv ? kDelayedDqkv : kDelayedDfch;
-        dout_amax = fp8_scaling(m, delayed);
-        record = fp8_record(m, delayed, l, true);
+    if (dout_amax == Fp8Amax::compute && kDoutDelayed[k] != kNotDelayed) {  // dqkv and fch's gradient
+        dout_amax = fp8_scaling(m, kDoutDelayed[k]);
+        record = fp8_record(m, kDoutDelayed[k], l, true);
     }
     Fp8CastOptions o = Fp8CastOptions().with_amax(dout_amax).with_record(record);
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
@@ -2359,10 +2377,13 @@ static void report(const Run& r, double start) {
            "peak GPU memory %.2f GiB%s\n",
            (int)r.step_ms.size(), format_duration(now_seconds() - start).c_str(), r.train_loss, val_text, median_ms,
            r.total_batch / (median_ms * 1e-3), r.peak_used / 1073741824.0, r.dist.multi() ? " (rank 0)" : "");
-    if (r.m.fp8.on)
+    if (r.m.fp8.on) {
+        const bool ln_delayed = r.m.fp8.delayable == kNumDelayed;
         printf("FP8 delayed scales: %d of %lld tensor-steps saturated (a tensor past its scale's range: atty, GELU's output, "
-               "fch's gradient, dqkv, ln1 and ln2 of each block, each step that had a history)\n",
-               gpt_fp8_saturated(r.m), (long long)r.m.fp8.delayed_casts);
+               "fch's gradient, dqkv%s of each block, each step that had a history)%s\n",
+               gpt_fp8_saturated(r.m), (long long)r.m.fp8.delayed_casts, ln_delayed ? ", ln1 and ln2" : "",
+               ln_delayed ? "" : strf("; ln1 and ln2 on current scaling: C = %d is past the LayerNorm's FP8 tile", r.m.config.C).c_str());
+    }
     if (r.m.settings.gelu_fusion > 0)
         printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "
                "algorithm for their shape)\n", blas().gelu_fused, blas().gelu_unfused);
