@@ -353,14 +353,14 @@ struct WeightStream {
 enum LinearLayer { kQkv, kAttproj, kFc, kFcproj };
 constexpr int kLinearIn[4] = {1, 1, 1, 4}, kLinearOut[4] = {3, 1, 4, 1};  // each layer's C and OC, in units of C
 // The delayed-scaled tensors of a block, in the order of the history's rows (ln1's and ln2's came last).
-enum Fp8Delayed { kDelayedAtty, kDelayedGelu, kDelayedDfch, kDelayedDqkv, kDelayedLn1, kDelayedLn2, kNumDelayed };
+// kNotDelayed: a tensor on current scaling (kDoutDelayed).
+enum Fp8Delayed { kNotDelayed = -1, kDelayedAtty, kDelayedGelu, kDelayedDfch, kDelayedDqkv, kDelayedLn1, kDelayedLn2, kNumDelayed };
 constexpr int kFp8DelayedBefore = 4;  // delayed tensors a state file's history held before ln1 and ln2 joined
 static_assert(kDelayedLn1 == kFp8DelayedBefore && kDelayedLn2 + 1 == kNumDelayed, "ln1 and ln2 last: an older history is a prefix");
 // Which delayed tensor each LinearLayer's input and output gradient is. attproj's and fcproj's output
-// gradient is dresidual, on current scaling (kNotDelayed).
-constexpr int kNotDelayed = -1;
-constexpr int kInputDelayed[4] = {kDelayedLn1, kDelayedAtty, kDelayedLn2, kDelayedGelu};
-constexpr int kDoutDelayed[4] = {kDelayedDqkv, kNotDelayed, kDelayedDfch, kNotDelayed};
+// gradient is dresidual, on current scaling.
+constexpr Fp8Delayed kInputDelayed[4] = {kDelayedLn1, kDelayedAtty, kDelayedLn2, kDelayedGelu};
+constexpr Fp8Delayed kDoutDelayed[4] = {kDelayedDqkv, kNotDelayed, kDelayedDfch, kNotDelayed};
 // Each delayed tensor is one layer's input or output gradient, once.
 constexpr bool fp8_delayed_tables_cover() {
     int seen[kNumDelayed] = {};
@@ -564,12 +564,12 @@ inline Fp8Tensor fp8_dout(const GPT& m, LinearLayer k, int l) {
 
 // -f8 1: where a training cast (or LayerNorm into FP8) of delayed tensor `delayed` of block l records
 // its amax for the history; null outside training (validation's casts leave the history alone).
-inline unsigned* fp8_record(GPT& m, int delayed, int l, bool training) {
+inline unsigned* fp8_record(GPT& m, Fp8Delayed delayed, int l, bool training) {
     return training ? m.fp8.seen + delayed * m.config.L + l : nullptr;
 }
 // -f8 1, a delayed tensor's cast: scaled by the history's amax, which fp8_history_kernel left in the
 // slot, or, before the tensor has a history, by the cast's own pass.
-inline Fp8Amax fp8_scaling(const GPT& m, int delayed) { return delayed < m.fp8.ready ? Fp8Amax::given : Fp8Amax::compute; }
+inline Fp8Amax fp8_scaling(const GPT& m, Fp8Delayed delayed) { return delayed < m.fp8.ready ? Fp8Amax::given : Fp8Amax::compute; }
 
 // -f8 1 with ln1's and ln2's scales delayed: the LayerNorms write qkv's and fc's FP8 inputs themselves
 // (fp8_layernorm_forward) and the bf16 ln1 and ln2 are not written. Before (a run's first step), or
@@ -2382,7 +2382,7 @@ static void report(const Run& r, double start) {
         printf("FP8 delayed scales: %d of %lld tensor-steps saturated (a tensor past its scale's range: atty, GELU's output, "
                "fch's gradient, dqkv%s of each block, each step that had a history)%s\n",
                gpt_fp8_saturated(r.m), (long long)r.m.fp8.delayed_casts, ln_delayed ? ", ln1 and ln2" : "",
-               ln_delayed ? "" : strf("; ln1 and ln2 on current scaling: C = %d is past the LayerNorm's FP8 tile", r.m.config.C).c_str());
+               ln_delayed ? "" : ("; ln1 and ln2 on current scaling, " + fp8_layernorm_refusal(16, r.m.config.C)).c_str());
     }
     if (r.m.settings.gelu_fusion > 0)
         printf("GELU fusion: %zu matmuls ran with a cuBLASLt GELU epilogue, %zu took the GELU kernels (no epilogue "

@@ -18,8 +18,9 @@ GPU or PyTorch build does not offer is reported as such and left out.
 
 Agreement: every side is compared with a float64 math reference on the first sequence of the batch
 (max |error| of out, dq, dk, dv); ours must be within 4x the error of the first backend that ran.
-Determinism: each side's backward is run twice more on the same inputs and its dq, dk, dv compared
-bit for bit; ours must give the same bits (the others are reported, not judged).
+Determinism: each side's backward is run twice more on the same inputs (ours into a NaN-poisoned
+dqkv) and its dq, dk, dv compared bit for bit; ours must give the same bits (the others are
+reported, not judged).
 """
 import argparse
 import ctypes
@@ -29,13 +30,16 @@ import sys
 try:
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # PyTorch 2.3 and later
 except ImportError as e:  # a Python without them: one line naming the one make found, no traceback
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
     from python_check import exit_wrong_python
     exit_wrong_python(e, "dev/cuda/attention_vs_torch.py")
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:
+    sys.exit(f"error: PyTorch {torch.__version__} has no torch.nn.attention (its SDPA backends): this script needs 2.3 or later")
 
-# None: this PyTorch has no such backend (cuDNN's came in 2.5)
+# None: this PyTorch has no such backend
 BACKENDS = {name: getattr(SDPBackend, attr, None) for name, attr in
             (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"), ("efficient", "EFFICIENT_ATTENTION"))}
 
@@ -66,10 +70,12 @@ def main():
                    help="PyTorch SDPA backends to run, comma-separated, of " + ", ".join(BACKENDS))
     p.add_argument("--lib", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "libattention_capi.so"))
     a = p.parse_args()
-    names = [n for n in a.backends.split(",") if n]
+    names = list(dict.fromkeys(n for n in a.backends.split(",") if n))  # in order, each once
     unknown = [n for n in names if n not in BACKENDS]
-    if unknown or not names:
+    if unknown:
         sys.exit(f"error: --backends: unknown '{','.join(unknown)}' (choose from {', '.join(BACKENDS)})")
+    if not names:
+        sys.exit(f"error: --backends: none given (choose from {', '.join(BACKENDS)})")
     if not torch.cuda.is_available():
         sys.exit("error: no CUDA device")
     if not os.path.exists(a.lib):
@@ -125,10 +131,12 @@ def main():
     torch.cuda.synchronize()
     rows.append(("ours", median_ms(ours_fwd), median_ms(ours_bwd)))
     first = dqkv.clone()
-    ours_fwd(), ours_bwd()
-    same = torch.equal(dqkv, first)
-    ours_bwd()
-    same_bits["ours"] = same and torch.equal(dqkv, first)
+    same = True
+    for _ in range(2):  # poisoned first: a value a run leaves unwritten fails the comparison
+        dqkv.fill_(float("nan"))
+        ours_fwd(), ours_bwd()
+        same = same and torch.equal(dqkv, first)
+    same_bits["ours"] = same
     results["ours"] = {"out": out, "dq": dqkv[..., :C], "dk": dqkv[..., C : 2 * C], "dv": dqkv[..., 2 * C :]}
 
     for name in names:
@@ -150,8 +158,8 @@ def main():
                 torch.cuda.synchronize()
                 t_f, t_b = median_ms(torch_fwd), median_ms(torch_bwd)
                 again = [torch_bwd(), torch_bwd()]
-        except RuntimeError as e:  # not offered for this GPU, dtype, shape or build
-            print(f"torch SDPA {name}: not available here ({str(e).splitlines()[0][:120]})")
+        except RuntimeError as e:  # not offered for this GPU, dtype, shape or build (or out of memory)
+            print(f"torch SDPA {name}: did not run ({(str(e).splitlines() or [type(e).__name__])[0][:120]})")
             continue
         rows.append((f"torch SDPA {name}", t_f, t_b))
         same_bits[f"torch SDPA {name}"] = all(torch.equal(g, h) for run in again for g, h in zip(run, grads))
