@@ -176,6 +176,8 @@ struct LabFp8Tensor : Fp8Tensor {
         q_buf.poison(), qt_buf.poison();  // 0xff: NaN in e4m3 and e5m2
         meta_buf.poison();
     }
+    // The amax slot set as a caller sets it for Fp8Amax::given (delayed scaling).
+    void plant_amax(float amax) { cuda_check(cudaMemcpy(meta + 2, &amax, sizeof(float), cudaMemcpyHostToDevice)); }
 };
 
 // One layer's FP8 tensors, sized for the largest it will hold.
@@ -415,11 +417,17 @@ template <typename T> bool guard_intact(const std::vector<T>& v, size_t n) {
     return true;
 }
 
+// max |v| over a bf16 tensor: the amax an FP8 cast of it takes.
+float host_amax(const std::vector<bf16>& v) {
+    float amax = 0.0f;
+    for (const bf16& x : v) amax = std::max(amax, std::fabs(__bfloat162float(x)));
+    return amax;
+}
+
 // One tensor's casts: amax, s, every byte of q against the host's rounding, qt byte for byte, the guards.
 bool check_cast(const char* name, const std::vector<bf16>& x, int R, int C, const Fp8Format& f, const LayerRun& run, int t) {
     const std::vector<uint8_t>&q = run.q[t], &qt = run.qt[t];
-    float amax = 0.0f;
-    for (const bf16& v : x) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+    const float amax = host_amax(x);
     const float s = fp8_scale(amax, f.emax);
     const float got_amax = run.meta[t][2], got_s = run.meta[t][1], got_inv = run.meta[t][0];
     size_t bad_q = 0, bad_qt = 0;
@@ -686,7 +694,7 @@ void check_given_amax(TestCounter& tests, bool gpu, Rng& rng) {
     dx.upload(x);
     LabFp8Tensor t(kE4M3, x.size());
     const float planted = 100.0f;  // not x's amax (below 1): s 2^2, where x's own would give 2^8
-    cuda_check(cudaMemcpy(t.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+    t.plant_amax(planted);
     const std::string why = fp8_quantize(t, dx.ptr, 64, 64, true, false, 0, 0, Fp8CastOptions().with_amax(Fp8Amax::given));
     cuda_check(cudaDeviceSynchronize());
     const std::vector<float> meta = t.meta_buf.download();
@@ -770,13 +778,12 @@ void check_delayed_cast(TestCounter& tests, bool gpu, Rng& rng) {
             cuda_check(cudaDeviceSynchronize());
             y = dy.download();
         }
-        float amax = 0.0f;
-        for (const bf16& v : y) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+        const float amax = host_amax(y);
         const float planted = amax * c.planted_over_amax, before = amax / 64;  // the record's value before the cast
         DeviceBuffer<unsigned> record(1, "recorded amax");
         auto cast = [&](LabFp8Tensor& t, const bf16* src, bool gelu) {
             t.poison();
-            cuda_check(cudaMemcpy(t.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+            t.plant_amax(planted);
             cuda_check(cudaMemcpy(record.ptr, &before, sizeof(float), cudaMemcpyHostToDevice));
             const std::string why = fp8_quantize(t, src, c.R, c.C, true, true, 0, 0,
                                                   Fp8CastOptions().with_amax(Fp8Amax::given).with_gelu(gelu).with_record(record.ptr));
@@ -854,13 +861,11 @@ void check_layernorm_cast(TestCounter& tests, bool gpu, Rng& rng) {
         layernorm_forward(d_y.ptr, mean_ref.ptr, rstd_ref.ptr, d_inp.ptr, d_w.ptr, d_b.ptr, c.N, c.C);
         cuda_check(cudaDeviceSynchronize());
         const std::vector<bf16> y = d_y.download();
-        float amax = 0.0f;
-        for (const bf16& v : y) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+        const float amax = host_amax(y);
         const float planted = amax * c.planted_over_amax, before = amax / 64;
         LabFp8Tensor ref(kE4M3, n), got(kE4M3, n);
         ref.poison(), got.poison();
-        cuda_check(cudaMemcpy(ref.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
-        cuda_check(cudaMemcpy(got.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+        ref.plant_amax(planted), got.plant_amax(planted);
         cuda_check(cudaMemcpy(record.ptr, &before, sizeof(float), cudaMemcpyHostToDevice));
         std::string why = fp8_quantize(ref, d_y.ptr, c.N, c.C, true, c.transposed, 0, 0, Fp8CastOptions().with_amax(Fp8Amax::given));
         if (why.empty())
@@ -928,7 +933,7 @@ void time_layernorm_cast(int N, int C, double copy_gbs) {
             must_run(fp8_quantize(t, y.ptr, N, C, true, transposed, 0, 0, Fp8CastOptions().with_amax(Fp8Amax::given)));
         };
         auto fused = [&] { must_run(fp8_layernorm_forward(t, mean.ptr, rstd.ptr, x.ptr, w.ptr, b.ptr, N, C, transposed, nullptr)); };
-        cuda_check(cudaMemcpy(t.meta + 2, &planted, sizeof(float), cudaMemcpyHostToDevice));
+        t.plant_amax(planted);
         const float ms_pair = time_median_ms(pair), ms_fused = time_median_ms(fused);
         const double copies = transposed ? 2.0 : 1.0, bytes_pair = n * (2.0 + 2.0 + 2.0 + copies), bytes_fused = n * (2.0 + copies);
         printf("  %6d x %-5d %-14s LayerNorm then cast %8.1f us (%5.1f%% of copy speed)   into FP8 %8.1f us (%5.1f%%)   %.2fx\n", N, C,
@@ -978,14 +983,14 @@ void check_gelu_backward_cast(TestCounter& tests, bool gpu, Rng& rng) {
         if (why.empty()) why = fp8_quantize(plain, dy.ptr, c.R, c.C, true, true);
         cuda_check(cudaDeviceSynchronize());
         const std::vector<float> plain_meta = plain.meta_buf.download();
-        cuda_check(cudaMemcpy(given.meta + 2, &plain_meta[2], sizeof(float), cudaMemcpyHostToDevice));
+        given.plant_amax(plain_meta[2]);
         Fp8CastOptions og = o;
         if (why.empty()) why = fp8_quantize(given, dx.ptr, c.R, c.C, true, true, 0, 0, og.with_amax(Fp8Amax::given));
         if (why.empty()) fp8_add_column_sums(d_bias2.ptr, partials.ptr, c.R, c.C);
         cuda_check(cudaDeviceSynchronize());
         const std::vector<bf16> y = dy.download(), got = d_bias.download(), again = d_bias2.download(), x_after = dx.download();
-        float amax = 0.0f, recorded = 0.0f;
-        for (const bf16& v : y) amax = std::max(amax, std::fabs(__bfloat162float(v)));
+        const float amax = host_amax(y);
+        float recorded = 0.0f;
         cuda_check(cudaMemcpy(&recorded, record.ptr, sizeof(float), cudaMemcpyDeviceToHost));
         double worst = 0.0;
         for (int j = 0; j < c.C; j++) {
@@ -1290,18 +1295,23 @@ int main(int argc, char** argv) {
     for (const Shape& sh : shapes) check_shape(tests, gpu, sh, rng);
     printf("\nrefusals:\n");
     check_refusals(tests, gpu);
-    printf("\nbatched casts (a layer kind's weights) against fp8_quantize one by one:\n");
-    check_batched_casts(tests, gpu, rng);
-    printf("\namax written by the producer (the LayerNorm forward), the cast taking it as given:\n");
-    check_given_amax(tests, gpu, rng);
-    printf("\nthe cast applying GELU (fp8_quantize's gelu) against gelu_forward, then the cast:\n");
-    check_gelu_cast(tests, gpu, rng);
-    printf("\ndelayed scaling: the scale from a planted amax, the cast's own amax recorded:\n");
-    check_delayed_cast(tests, gpu, rng);
-    printf("\nGELU's backward in the output gradient's cast, with its column sums (a bias gradient), against gelu_backward_inplace:\n");
-    check_gelu_backward_cast(tests, gpu, rng);
-    printf("\nLayerNorm straight into FP8, against layernorm_forward then the cast:\n");
-    check_layernorm_cast(tests, gpu, rng);
+    // Training's other casts, each against fp8_quantize's bytes (top comment), in this order.
+    const struct {
+        const char* title;
+        void (*check)(TestCounter&, bool, Rng&);
+    } cast_checks[] = {
+        {"batched casts (a layer kind's weights) against fp8_quantize one by one", check_batched_casts},
+        {"amax written by the producer (the LayerNorm forward), the cast taking it as given", check_given_amax},
+        {"the cast applying GELU (fp8_quantize's gelu) against gelu_forward, then the cast", check_gelu_cast},
+        {"delayed scaling: the scale from a planted amax, the cast's own amax recorded", check_delayed_cast},
+        {"GELU's backward in the output gradient's cast, with its column sums (a bias gradient), against gelu_backward_inplace",
+         check_gelu_backward_cast},
+        {"LayerNorm straight into FP8, against layernorm_forward then the cast", check_layernorm_cast},
+    };
+    for (const auto& c : cast_checks) {
+        printf("\n%s:\n", c.title);
+        c.check(tests, gpu, rng);
+    }
 
     std::vector<BlockSummary> blocks;
     auto gpt2 = [&](int N, bool timing) {
